@@ -1,0 +1,25 @@
+rule bench:
+    """Acceptance and speed under real vLLM speculative decoding, baseline side by side."""
+    input:
+        target=out("target/target.json"),
+        drafter=out("drafter/config.json"),
+        weights=out("drafter/model.safetensors"),
+        manifest=out("hidden_states/manifest.json"),
+        train_metrics=out("drafter/metrics.json"),
+        prompts=expand(out("prompts/bench_{name}.jsonl"), name=config["bench"]["prompt_sets"]),
+        code=code_of("workflow_scripts/bench.py"),
+    output:
+        metrics=out("bench/metrics.json"),
+    params:
+        bench=config["bench"],
+        vllm=config["vllm"],
+        gpus=gpus("bench"),
+        prompt_sets=config["bench"]["prompt_sets"],
+    resources:
+        gpus=gpus("bench"),
+    log:
+        log_of("bench"),
+    benchmark:
+        bench_of("bench")
+    script:
+        "../workflow_scripts/bench.py"

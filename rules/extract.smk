@@ -1,0 +1,44 @@
+rule extract:
+    """Hidden states of one contiguous part of the training rows (one model load per part).
+
+    Shards are written beside the part manifest and survive a failed job; the manifest is
+    written last, so a part is complete exactly when its manifest exists.
+    """
+    input:
+        target=out("target/target.json"),
+        dataset=out("prepare/dataset"),
+        prepare_stats=out("prepare/stats.json"),
+        code=code_of("workflow_scripts/extract.py"),
+    output:
+        part=out("hidden_states/parts/part_{part}.json"),
+    params:
+        extract=config["extract"],
+        vllm=config["vllm"],
+        jobs=config["extract"]["jobs"],
+        gpus=gpus("extract"),
+        root=out("hidden_states"),
+    resources:
+        gpus=gpus("extract"),
+    log:
+        log_of("extract_part{part}"),
+    benchmark:
+        bench_of("extract_part{part}")
+    script:
+        "../workflow_scripts/extract.py"
+
+
+rule extract_gather:
+    """Merge the part manifests into the manifest training reads."""
+    input:
+        parts=expand(out("hidden_states/parts/part_{part}.json"), part=extract_parts()),
+        code=code_of("workflow_scripts/extract_gather.py"),
+    output:
+        manifest=out("hidden_states/manifest.json"),
+    params:
+        extract=config["extract"],
+    log:
+        log_of("extract_gather"),
+    benchmark:
+        bench_of("extract_gather")
+    script:
+        "../workflow_scripts/extract_gather.py"

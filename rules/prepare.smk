@@ -1,0 +1,17 @@
+rule prepare:
+    """Training rows {input_ids, loss_mask, seq_len} in the Arrow format speculators reads."""
+    input:
+        records=out("synth/synth.jsonl.zst"),
+        code=code_of("workflow_scripts/prepare.py"),
+    output:
+        dataset=directory(out("prepare/dataset")),
+        stats=out("prepare/stats.json"),
+    params:
+        prepare=config["prepare"],
+        seed=config["prompts"]["seed"],
+    log:
+        log_of("prepare"),
+    benchmark:
+        bench_of("prepare")
+    script:
+        "../workflow_scripts/prepare.py"

@@ -1,0 +1,32 @@
+rule report:
+    """One HTML/Markdown report of the whole run: every stage's figures, plots and provenance."""
+    input:
+        target=out("target/target.json"),
+        prompts=out("prompts/stats.json"),
+        synth=out("synth/stats.json"),
+        prepare=out("prepare/stats.json"),
+        vocab=out("vocab/coverage.json"),
+        vocab_plot=out("vocab/coverage.png"),
+        manifest=out("hidden_states/manifest.json"),
+        train=out("drafter/metrics.json"),
+        train_plot=out("drafter/loss.png"),
+        bench=out("bench/metrics.json"),
+        code=code_of("workflow_scripts/report.py"),
+    output:
+        html=report(out("report/report.html"), category="Report", caption="../report/report.rst"),
+        markdown=out("report/report.md"),
+        plots=report(
+            directory(out("report/plots")),
+            patterns=["{plot}.png"],
+            category="Benchmark",
+            caption="../report/bench.rst",
+        ),
+    params:
+        bench=config["bench"],
+        run=config["run"],
+    log:
+        log_of("report"),
+    benchmark:
+        bench_of("report")
+    script:
+        "../workflow_scripts/report.py"

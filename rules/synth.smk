@@ -1,0 +1,22 @@
+rule synth:
+    """Answers from the target on a vLLM server, with the exact prompt and completion token ids."""
+    input:
+        target=out("target/target.json"),
+        prompts=out("prompts/train.jsonl.zst"),
+        code=code_of("workflow_scripts/synth.py"),
+    output:
+        records=out("synth/synth.jsonl.zst"),
+        stats=out("synth/stats.json"),
+    params:
+        synth=config["synth"],
+        vllm=config["vllm"],
+        gpus=gpus("synth"),
+        work_dir=out("synth/.partial"),
+    resources:
+        gpus=gpus("synth"),
+    log:
+        log_of("synth"),
+    benchmark:
+        bench_of("synth")
+    script:
+        "../workflow_scripts/synth.py"

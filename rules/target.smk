@@ -1,0 +1,14 @@
+rule target:
+    """Materialize the target model as an HF directory and record its architecture."""
+    input:
+        code=code_of("workflow_scripts/target.py"),
+    output:
+        info=out("target/target.json"),
+    params:
+        target=config["target"],
+    log:
+        log_of("target"),
+    benchmark:
+        bench_of("target")
+    script:
+        "../workflow_scripts/target.py"

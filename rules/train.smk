@@ -1,0 +1,26 @@
+rule train:
+    """Train the EAGLE-3 drafter with speculators and export a checkpoint vLLM loads as-is."""
+    input:
+        target=out("target/target.json"),
+        dataset=out("prepare/dataset"),
+        manifest=out("hidden_states/manifest.json"),
+        d2t=out("vocab/d2t.npy"),
+        t2d=out("vocab/t2d.npy"),
+        code=code_of("workflow_scripts/train.py"),
+    output:
+        config=out("drafter/config.json"),
+        weights=out("drafter/model.safetensors"),
+        metrics=out("drafter/metrics.json"),
+        plot=report(out("drafter/loss.png"), category="Training", caption="../report/train.rst"),
+    params:
+        train=config["train"],
+        gpus=gpus("train"),
+        work_dir=out("train_work"),
+    resources:
+        gpus=gpus("train"),
+    log:
+        log_of("train"),
+    benchmark:
+        bench_of("train")
+    script:
+        "../workflow_scripts/train.py"

@@ -1,0 +1,21 @@
+rule vocab:
+    """Draft vocabulary map (d2t/t2d) from the loss-masked token frequencies, with coverage."""
+    input:
+        records=out("synth/synth.jsonl.zst"),
+        target=out("target/target.json"),
+        code=code_of("workflow_scripts/vocab.py"),
+    output:
+        d2t=out("vocab/d2t.npy"),
+        t2d=out("vocab/t2d.npy"),
+        freq=out("vocab/token_freq.npy"),
+        coverage=out("vocab/coverage.json"),
+        plot=report(out("vocab/coverage.png"), category="Vocabulary", caption="../report/vocab.rst"),
+    params:
+        vocab=config["vocab"],
+        seq_length=config["prepare"]["seq_length"],
+    log:
+        log_of("vocab"),
+    benchmark:
+        bench_of("vocab")
+    script:
+        "../workflow_scripts/vocab.py"

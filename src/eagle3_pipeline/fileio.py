@@ -1,0 +1,178 @@
+"""Files that are never half-written: atomic writes, streaming zstd JSONL, checksums."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success move it into place in one step.
+
+    Readers therefore see either the old file or the complete new one, never a partial one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        if tmp.exists():
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_jsonl_zst(path: str | os.PathLike, rows: Iterable[dict], level: int = 3) -> int:
+    """Stream ``rows`` into a zstd-compressed JSONL file atomically; return the row count."""
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+        cctx = zstandard.ZstdCompressor(level=level, threads=-1)
+        with cctx.stream_writer(raw, closefd=False) as zw:
+            buf = io.TextIOWrapper(zw, encoding="utf-8", write_through=True)
+            for row in rows:
+                buf.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+                buf.write("\n")
+                n += 1
+            buf.flush()
+            buf.detach()
+    return n
+
+
+def iter_jsonl_zst(path: str | os.PathLike) -> Iterator[dict]:
+    """Stream rows of a zstd JSONL file with bounded memory."""
+    with open(path, "rb") as raw:
+        dctx = zstandard.ZstdDecompressor()
+        with dctx.stream_reader(raw) as zr:
+            for line in io.TextIOWrapper(zr, encoding="utf-8"):
+                if line.strip():
+                    yield json.loads(line)
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    path = Path(path)
+    if path.suffix == ".zst":
+        yield from iter_jsonl_zst(path)
+        return
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    path = Path(path)
+    if path.suffix == ".zst":
+        return write_jsonl_zst(path, rows)
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+class AppendLog:
+    """An append-only JSONL journal that survives ``kill -9``.
+
+    Each record is one line, flushed as written. A process killed mid-write leaves at most one
+    partial last line; :meth:`read` drops it and :meth:`open` truncates it away so the next
+    append starts on a clean line.
+    """
+
+    def __init__(self, path: str | os.PathLike, fsync_every: int = 64):
+        self.path = Path(path)
+        self.fsync_every = fsync_every
+        self._fh = None
+        self._since_sync = 0
+
+    def read(self) -> list[dict]:
+        rows, _ = self._scan()
+        return rows
+
+    def _scan(self) -> tuple[list[dict], int]:
+        """Return complete records and the byte offset just past the last complete one."""
+        if not self.path.exists():
+            return [], 0
+        rows, good_end, pos = [], 0, 0
+        with open(self.path, "rb") as fh:
+            for raw in fh:
+                pos += len(raw)
+                if not raw.endswith(b"\n"):
+                    break
+                try:
+                    rows.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    break
+                good_end = pos
+        return rows, good_end
+
+    def open(self) -> list[dict]:
+        """Open for appending after dropping any torn tail; return the complete records."""
+        rows, good_end = self._scan()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size != good_end:
+            with open(self.path, "rb+") as fh:
+                fh.truncate(good_end)
+        self._fh = open(self.path, "a", encoding="utf-8")
+        return rows
+
+    def append(self, row: dict) -> None:
+        assert self._fh is not None, "AppendLog.open() first"
+        self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._fh.flush()
+        self._since_sync += 1
+        if self._since_sync >= self.fsync_every:
+            os.fsync(self._fh.fileno())
+            self._since_sync = 0
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def stable_hash(obj: Any) -> str:
+    """Hash of a JSON-able object that does not depend on key order."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

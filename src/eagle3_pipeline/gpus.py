@@ -1,0 +1,136 @@
+"""GPU bookkeeping that Snakemake does not do.
+
+Snakemake counts a ``gpus`` resource but (1) silently scales a job down when ``--resources gpus``
+is smaller than asked, (2) ignores limits when no ``--resources`` is given, and (3) never says
+*which* devices a job may use. This module fills the three gaps:
+
+* :func:`require_gpus` fails a job that was granted fewer GPUs than its tensor-parallel size.
+* :class:`GpuLease` picks free device ids with one ``flock`` per device and exports
+  ``CUDA_VISIBLE_DEVICES``; a second job waits until devices are free instead of sharing them.
+  Locks die with the process, so a killed job never leaves a device reserved.
+* Because the lease waits, a run without ``--resources`` is still safe: GPU jobs that Snakemake
+  starts together queue on the locks (with a log line) rather than overcommitting a device.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOCK_DIR = Path(os.environ.get("EAGLE3_GPU_LOCK_DIR", "/tmp/eagle3-pipeline-gpu-locks"))
+
+
+class GpuAllocationError(RuntimeError):
+    pass
+
+
+def require_gpus(needed: int, granted: int | None, rule: str) -> None:
+    """Fail clearly when Snakemake granted fewer GPUs than the job needs."""
+    if needed <= 0:
+        return
+    if granted is None or granted < needed:
+        raise GpuAllocationError(
+            f"rule {rule} needs {needed} GPU(s) (tensor parallel size) but Snakemake granted "
+            f"{granted}. Snakemake scales a job down silently when --resources gpus is smaller "
+            f"than asked: run with `--resources gpus={needed}` or more, or lower the tensor "
+            "parallel size in the config."
+        )
+
+
+def visible_devices(env: dict | None = None) -> list[str]:
+    """Device ids this process may use: CUDA_VISIBLE_DEVICES if set (Slurm sets it),
+    else all devices ``nvidia-smi`` lists."""
+    env = os.environ if env is None else env
+    preset = env.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        return [d.strip() for d in preset.split(",") if d.strip() and d.strip() != "-1"]
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+class GpuLease:
+    """Hold ``count`` devices exclusively for the life of this object.
+
+    >>> with GpuLease(2) as devices:   # doctest: +SKIP
+    ...     # os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(devices)
+    """
+
+    def __init__(self, count: int, devices: list[str] | None = None,
+                 lock_dir: Path | str = DEFAULT_LOCK_DIR, timeout_s: float | None = None,
+                 poll_s: float = 2.0):
+        self.count = count
+        self.devices = visible_devices() if devices is None else list(devices)
+        self.lock_dir = Path(lock_dir)
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._held: dict[str, int] = {}
+
+    def _try_take(self, device: str) -> bool:
+        fd = os.open(self.lock_dir / f"gpu-{device}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._held[device] = fd
+        return True
+
+    def acquire(self) -> list[str]:
+        if self.count <= 0:
+            return []
+        if len(self.devices) < self.count:
+            raise GpuAllocationError(
+                f"need {self.count} GPU(s) but this machine shows {len(self.devices)} "
+                f"({self.devices or 'none'}); check CUDA_VISIBLE_DEVICES / nvidia-smi")
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        start, warned = time.monotonic(), False
+        while True:
+            for dev in self.devices:
+                if dev not in self._held and len(self._held) < self.count:
+                    self._try_take(dev)
+            if len(self._held) == self.count:
+                chosen = sorted(self._held, key=self.devices.index)
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+                log.info("GPU lease: using devices %s", chosen)
+                return chosen
+            # Give back partial holdings so two waiting jobs cannot deadlock on halves.
+            self.release()
+            if not warned:
+                log.warning("waiting for %d free GPU(s) among %s (others are in use by "
+                            "concurrent jobs; pass --resources gpus=N to let Snakemake "
+                            "schedule them)", self.count, self.devices)
+                warned = True
+            if self.timeout_s is not None and time.monotonic() - start > self.timeout_s:
+                raise GpuAllocationError(
+                    f"no {self.count} free GPU(s) after {self.timeout_s:.0f} s")
+            time.sleep(self.poll_s)
+
+    def release(self) -> None:
+        for fd in self._held.values():
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        self._held.clear()
+
+    def __enter__(self) -> list[str]:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

