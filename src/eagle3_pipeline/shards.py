@@ -1,0 +1,42 @@
+"""On-disk layout of extracted hidden states, shared by the extract (writer) and train (reader).
+
+    <root>/manifest.json                          written last by extract_gather
+    <root>/parts/part_<k>.json                    one per extract job, written last by it
+    <root>/shards/shard_<s:05d>/hs_<i>.safetensors  sample i (= row i of prepare/dataset)
+    <root>/shards/shard_<s:05d>/shard.json        seal: per-sample bytes/sha256, written last
+
+Sample i lives in shard i // samples_per_shard, which keeps directories small. Each file holds
+``hidden_states`` [seq, n_layers, hidden] (bf16, or float8_e4m3fn plus ``hidden_states_scales``
+[seq, 1, 1] float32 in fp8 mode) and ``token_ids`` [seq] int64: the layout speculators'
+``FileTransfer`` reads, the final layer last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MANIFEST_FORMAT = "eagle3-pipeline/hidden-states@1"
+SCALES_KEY = "hidden_states_scales"
+
+
+def shard_index(sample: int, samples_per_shard: int) -> int:
+    return sample // samples_per_shard
+
+
+def shard_dir(root: str | Path, shard: int) -> Path:
+    return Path(root) / "shards" / f"shard_{shard:05d}"
+
+
+def sample_path(root: str | Path, sample: int, samples_per_shard: int) -> Path:
+    return shard_dir(root, shard_index(sample, samples_per_shard)) / f"hs_{sample}.safetensors"
+
+
+def part_range(num_samples: int, samples_per_shard: int, jobs: int, part: int) -> range:
+    """Samples of extract job ``part`` of ``jobs``: contiguous and whole shards, so two jobs
+    never write into the same shard directory."""
+    num_shards = -(-num_samples // samples_per_shard)
+    per_part = -(-num_shards // jobs) if num_shards else 0
+    first_shard = min(part * per_part, num_shards)
+    last_shard = min(first_shard + per_part, num_shards)
+    return range(first_shard * samples_per_shard,
+                 min(last_shard * samples_per_shard, num_samples))

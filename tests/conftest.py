@@ -1,0 +1,50 @@
+"""Shared fixtures. The packaged target model is materialized once per machine into
+tests/.cache (git-ignored) and reused by every test that needs a real model."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / "tests" / ".cache"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def target_json() -> Path:
+    """target.json of the packaged SmolLM2-135M-Instruct, materialized in float32."""
+    from eagle3_pipeline import target
+
+    out = CACHE / "target-float32" / "target.json"
+    if not out.exists():
+        target.materialize({"source": "packaged", "dtype": "float32", "path": None,
+                            "trust_remote_code": False}, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def target_dir(target_json) -> Path:
+    from eagle3_pipeline.target import load_info
+
+    return Path(load_info(target_json)["model_path"])
+
+
+@pytest.fixture(scope="session")
+def tokenizer(target_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(target_dir))
+
+
+def python() -> str:
+    return sys.executable
