@@ -49,7 +49,7 @@ def extract_parts():
 
 
 def bench_names():
-    return [src.get("name") or src["source"] for src in config["prompts"]["bench"]]
+    return cfglib.bench_names(config)
 
 
 def final_targets():

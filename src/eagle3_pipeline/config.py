@@ -125,9 +125,10 @@ def check_semantics(cfg: dict) -> list[str]:
                     problems.append(f"config key {where}.path: required for source 'file'")
                 elif not Path(src["path"]).expanduser().is_file():
                     problems.append(f"config key {where}.path: file {src['path']!r} not found")
-            name = src.get("name") or (src["source"] if src["source"] != "file" else None)
-            if need_name and not name:
-                problems.append(f"config key {where}.name: required for a file prompt set")
+            if need_name and not src.get("name"):
+                problems.append(f"config key {where}.name: required for a benchmark set")
+                continue
+            name = source_name(src) if src.get("path") or src["source"] != "file" else None
             if name in names:
                 problems.append(f"config key {where}.name: {name!r} is used twice")
             names.add(name)
@@ -179,6 +180,15 @@ def deep_update(base: dict, other: dict) -> dict:
 
 # ---- values derived from the config, used by the rules -------------------------------------
 
+def source_name(spec: dict) -> str:
+    """Name of a prompt source: its `name`, else the file's stem, else the source kind."""
+    if spec.get("name"):
+        return spec["name"]
+    if spec["source"] == "file":
+        return Path(spec["path"]).name.split(".")[0]
+    return spec["source"]
+
+
 def run_dir(cfg: dict) -> str:
     return f"{cfg['results_dir']}/{cfg['run']}"
 
@@ -199,5 +209,5 @@ def stage_gpus(cfg: dict, stage: str) -> int:
     return 0
 
 
-def bench_sets(cfg: dict) -> list[str]:
-    return list(cfg["bench"]["prompt_sets"])
+def bench_names(cfg: dict) -> list[str]:
+    return [source_name(src) for src in cfg["prompts"]["bench"]]

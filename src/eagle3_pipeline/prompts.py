@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config import source_name
 from .fileio import sha256_file, write_json, write_jsonl, write_jsonl_zst
 from .provenance import provenance
 
@@ -467,14 +468,6 @@ def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> flo
             f"`prompts.max_bad_fraction` = {max_bad_fraction}. Fix the data, raise "
             "`prompts.max_bad_fraction`, or raise `prompts.max_chars` if most are over-length")
     return frac
-
-
-def source_name(spec: dict) -> str:
-    if spec.get("name"):
-        return spec["name"]
-    if spec["source"] == "file":
-        return Path(spec["path"]).name.split(".")[0]
-    return spec["source"]
 
 
 def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
