@@ -15,6 +15,7 @@ rule extract:
         extract=config["extract"],
         vllm=config["vllm"],
         jobs=config["extract"]["jobs"],
+        synth_temperature=config["synth"]["temperature"],
         gpus=gpus("extract"),
         root=out("hidden_states"),
     resources:

@@ -172,14 +172,17 @@ def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm
     prompts = write_prompts(tmp_path / "p.jsonl.zst", n)
     proc = start_synth(tmp_path, target_json, cfg, prompts)
     wait_for_journal(tmp_path, 3, proc)
-    # The server is the child of the synth process running the api_server module.
-    out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vllm.entrypoints"],
-                         capture_output=True, text=True).stdout.split()
-    assert out
-    os.kill(int(out[0]), signal.SIGKILL)
+    # The api server runs under the guard, the synth process's child.
+    guard = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "server_guard"],
+                           capture_output=True, text=True).stdout.split()
+    assert guard
+    api = children(int(guard[0]))
+    assert api
+    os.kill(api[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0
-    assert "vLLM server exited with code" in output and "re-run resumes" in output
+    assert "vLLM server exited" in output and "re-run resumes" in output
+    assert gone([int(guard[0])])
     assert not (tmp_path / "synth.jsonl.zst").exists()
     kept = len({e["id"] for e in AppendLog(tmp_path / ".partial" / "journal.jsonl").read()
                 if e["status"] == "ok"})
@@ -196,35 +199,57 @@ def test_sigterm_stops_the_managed_server(tmp_path, target_json):
     prompts = write_prompts(tmp_path / "p.jsonl.zst", 200)
     proc = start_synth(tmp_path, target_json, cfg, prompts)
     wait_for_journal(tmp_path, 1, proc)
-    server = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vllm.entrypoints"],
-                            capture_output=True, text=True).stdout.split()
-    assert server
+    guard = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "server_guard"],
+                           capture_output=True, text=True).stdout.split()
+    assert guard
+    tree = [int(guard[0]), *children(int(guard[0]))]
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "stopping vLLM server" in output
-    time.sleep(1)
-    assert not Path(f"/proc/{server[0]}").exists()
+    assert gone(tree)
 
 
-def test_server_dies_with_a_killed_parent(tmp_path):
-    """kill -9 of a job cannot run cleanup code: the server child must die by itself."""
-    script = ("import subprocess, sys, time\n"
-              "from eagle3_pipeline.server import _die_with_parent\n"
-              "p = subprocess.Popen(['sleep', '300'], start_new_session=True,"
-              " preexec_fn=_die_with_parent)\n"
+def gone(pids: list[int], timeout: float = 15.0) -> bool:
+    """True once none of ``pids`` runs (zombies awaiting their reaper count as gone)."""
+    def running(p: int) -> bool:
+        try:
+            return Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except OSError:
+            return False
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if not any(running(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_guard_takes_the_server_tree_down_with_a_killed_job(tmp_path):
+    """kill -9 of a job runs no cleanup code; vLLM's forked engine/worker processes (here: a
+    shell and its background child) must still die, or they keep the GPUs."""
+    script = ("import subprocess, sys, time, os\n"
+              "p = subprocess.Popen([sys.executable, '-m', 'eagle3_pipeline.server_guard',"
+              " str(os.getpid()), '1', '--', 'sh', '-c', 'sleep 300 & sleep 301'],"
+              " start_new_session=True)\n"
               "print(p.pid, flush=True)\n"
               "time.sleep(300)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    assert Path(f"/proc/{child}").exists()
-    parent.kill()
-    parent.wait()
+    guard = int(parent.stdout.readline())
     for _ in range(50):
-        if not Path(f"/proc/{child}").exists():
+        tree = children(guard) + [g for c in children(guard) for g in children(c)]
+        if len(tree) >= 2:
             break
         time.sleep(0.1)
-    assert not Path(f"/proc/{child}").exists()
+    assert len(tree) >= 2, "server and its own child should be running"
+    parent.kill()
+    parent.wait()
+    assert gone([guard, *tree])
 
 
 def test_unreachable_endpoint_fails_before_work():

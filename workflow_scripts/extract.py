@@ -7,6 +7,6 @@ run_job(
     lambda i, o, p, log: extract.run_part(
         part=int(snakemake.wildcards.part), jobs=p.jobs, target_json=i.target,
         dataset_dir=i.dataset, root=p.root, part_out=o.part, cfg=p.extract,
-        vllm_cfg=p.vllm, log_path=log),
+        vllm_cfg=p.vllm, log_path=log, synth_temperature=p.synth_temperature),
     gpus_needed=snakemake.params.gpus,
 )

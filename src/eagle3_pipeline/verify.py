@@ -1,0 +1,163 @@
+"""Checks on extracted hidden states that catch silently wrong data at any model size.
+
+* ``check_sample``: shapes, token ids equal to the row, finite values, no all-zero rows.
+* ``NextTokenProbe``: ``lm_head(final_norm(h_final))`` must predict the next token of the row
+  at completion positions. For greedy synth data that is ~100%; shifted, zeroed or
+  mis-ordered hidden states fall to ~0. Needs only the norm and lm_head weights, so it works
+  for a 1T-parameter target on the CPU of the extraction host.
+* ``reference_errors``: a transformers forward on a few rows where the model fits; relative
+  error per layer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class VerificationError(ValueError):
+    pass
+
+
+def check_sample(hidden: Any, token_ids: Any, row_ids: list[int], num_layers: int,
+                 hidden_size: int) -> dict[str, Any]:
+    """Structural checks of one sample; raises VerificationError on the first failure."""
+    import torch
+
+    if list(hidden.shape) != [len(row_ids), num_layers, hidden_size]:
+        raise VerificationError(f"hidden_states shape {list(hidden.shape)}, expected "
+                                f"[{len(row_ids)}, {num_layers}, {hidden_size}]")
+    if token_ids.tolist() != list(row_ids):
+        raise VerificationError("token_ids differ from the training row")
+    if not bool(torch.isfinite(hidden).all()):
+        raise VerificationError("hidden states contain NaN or Inf")
+    zero_rows = int((hidden.abs().amax(dim=-1) == 0).any(dim=-1).sum())
+    if zero_rows:
+        raise VerificationError(f"{zero_rows} positions have an all-zero hidden state")
+    return {"tokens": len(row_ids)}
+
+
+def _find_tensor_file(model_dir: Path, pattern: str) -> tuple[str, Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        for name, fname in weight_map.items():
+            if re.search(pattern, name):
+                return name, model_dir / fname
+    for f in sorted(model_dir.glob("*.safetensors")):
+        from safetensors import safe_open
+
+        with safe_open(f, framework="pt") as fh:
+            for name in fh.keys():
+                if re.search(pattern, name):
+                    return name, f
+    raise FileNotFoundError(f"no tensor matching {pattern!r} in {model_dir}")
+
+
+def load_tensor(model_dir: Path, pattern: str):
+    from safetensors import safe_open
+
+    name, f = _find_tensor_file(model_dir, pattern)
+    with safe_open(f, framework="pt") as fh:
+        return fh.get_tensor(name)
+
+
+class NextTokenProbe:
+    """Predict the next token from the final-layer hidden state, as the target would."""
+
+    def __init__(self, model_dir: str | Path, arch: dict[str, Any]):
+        import torch
+
+        model_dir = Path(model_dir)
+        self.norm_w = load_tensor(model_dir, r"(^|\.)model\.norm\.weight$").float()
+        try:
+            head = load_tensor(model_dir, r"(^|\.)lm_head\.weight$")
+        except FileNotFoundError:
+            if not arch.get("tie_word_embeddings"):
+                raise
+            head = load_tensor(model_dir, r"(^|\.)embed_tokens\.weight$")
+        self.head = head.float()
+        self.eps = float(arch.get("rms_norm_eps") or 1e-6)
+        # Gemma-family norms scale by (1 + w).
+        self.offset = 1.0 if str(arch.get("model_type", "")).startswith("gemma") else 0.0
+        torch.set_grad_enabled(False)
+
+    def predict(self, h_final):
+        import torch
+
+        x = h_final.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * (self.norm_w + self.offset)) @ self.head.T
+
+    def agreement(self, h_final, input_ids: list[int], loss_mask: list[int],
+                  max_positions: int) -> tuple[int, int]:
+        """(hits, checked) over positions p whose next token p+1 is a completion token."""
+        import torch
+
+        positions = [p for p in range(len(input_ids) - 1) if loss_mask[p + 1]]
+        if len(positions) > max_positions:  # evenly spaced, deterministic
+            step = len(positions) / max_positions
+            positions = [positions[int(i * step)] for i in range(max_positions)]
+        if not positions:
+            return 0, 0
+        idx = torch.tensor(positions)
+        pred = self.predict(h_final[idx]).argmax(-1)
+        target = torch.tensor([input_ids[p + 1] for p in positions])
+        return int((pred == target).sum()), len(positions)
+
+
+def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):
+    """Hidden states as vLLM captures them, from a transformers model: aux layer i is HF's
+    ``hidden_states[i]``; the final id (= num layers) is the last decoder layer's output
+    *before* the final norm (HF's last hidden_states entry is after it)."""
+    import torch
+
+    captured = {}
+    layers = model.model.layers
+    hook = layers[-1].register_forward_hook(
+        lambda mod, args, out: captured.__setitem__("last", out[0] if isinstance(out, tuple)
+                                                    else out))
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([input_ids]), output_hidden_states=True)
+    finally:
+        hook.remove()
+    n = len(layers)
+    return [captured["last"][0] if lid == n else out.hidden_states[lid][0] for lid in layer_ids]
+
+
+def model_fits(model_dir: str | Path, fraction_of_ram: float = 0.4) -> bool:
+    """Whether a float32 copy of the model fits comfortably in this machine's memory."""
+    import os
+
+    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    dtype_factor = 2.0  # stored weights are usually 16-bit; the reference runs in float32
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return weights * dtype_factor < fraction_of_ram * ram
+
+
+def reference_errors(model_dir: str | Path, samples: list[tuple[list[int], Any]],
+                     layer_ids: list[int], trust_remote_code: bool = False) -> dict[str, Any]:
+    """Max relative error (Frobenius over each row) per layer between extracted and reference
+    hidden states. ``samples`` are (input_ids, hidden [seq, layers, hidden])."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 trust_remote_code=trust_remote_code)
+    model.eval()
+    per_layer = {str(l): 0.0 for l in layer_ids}
+    for ids, hidden in samples:
+        refs = reference_hidden_states(model, ids, layer_ids)
+        for j, (lid, ref) in enumerate(zip(layer_ids, refs)):
+            got = hidden[:, j].float()
+            err = float((got - ref).norm() / ref.norm().clamp_min(1e-12))
+            per_layer[str(lid)] = max(per_layer[str(lid)], err)
+    del model
+    return {"rows": len(samples), "max_rel_error_per_layer": per_layer,
+            "max_rel_error": max(per_layer.values()) if per_layer else None}
