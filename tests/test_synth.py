@@ -79,10 +79,18 @@ def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server
     # from the stored answer) no longer matches the ids.
     stripped = dict(rec, content=rec["content"][len(rec["content"]) // 2:])
     problem = synth.check_record(tokenizer, stripped, {})
-    assert problem and problem["part"] == "completion"
+    assert problem and problem["part"] == "completion" and problem["kind"] == "text"
     # A prompt rendered without the generation prompt is caught on the prompt side.
     shifted = dict(rec, prompt_token_ids=rec["prompt_token_ids"][:-3])
     assert synth.check_record(tokenizer, shifted, {})["part"] == "prompt"
+    # The same text split into different tokens is reported, but as tokenization only.
+    text = rec["content"]
+    pieces = [tokenizer.convert_tokens_to_ids(t) for t in tokenizer.tokenize(text[:3])] + \
+        tokenizer.encode(text[3:], add_special_tokens=False)
+    canonical = tokenizer.encode(text, add_special_tokens=False)
+    if pieces != canonical:
+        split = dict(rec, completion_token_ids=pieces + rec["completion_token_ids"][len(canonical):])
+        assert synth.check_record(tokenizer, split, {})["kind"] == "tokenization"
 
 
 def test_rejected_rows_are_counted_not_fatal(tmp_path, target_json, vllm_server):
