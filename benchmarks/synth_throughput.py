@@ -1,0 +1,106 @@
+"""Synth client throughput vs a bare async client, same server, prompts and concurrency.
+
+    .venv/bin/python benchmarks/synth_throughput.py --prompts 64 --concurrency 16 --max-tokens 64
+
+Starts one vLLM server on the target (default: the packaged SmolLM2, materialized under
+tests/.cache) with prefix caching off, then alternates runs of (a) the pipeline's synth client
+(journaling every record, retries, progress) and (b) a bare aiohttp client firing the same
+requests, in the order a b b a ..., and reports completion tokens/s of each and the ratio.
+Goal: ratio >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from eagle3_pipeline import config as cfglib, prompts, synth, target  # noqa: E402
+from eagle3_pipeline.fileio import AppendLog  # noqa: E402
+from eagle3_pipeline.runtime import Progress, setup_logging  # noqa: E402
+from eagle3_pipeline.server import Endpoint, VllmServer, spec_from_config  # noqa: E402
+
+
+async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
+    import aiohttp
+
+    sem = asyncio.Semaphore(cfg["concurrency"])
+
+    async def one(session, row):
+        async with sem, session.post(f"{endpoint.base_url}/chat/completions",
+                                     json=synth.request_body(row, endpoint.model, cfg)) as r:
+            return (await r.json())["usage"]["completion_tokens"]
+
+    conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
+    async with aiohttp.ClientSession(connector=conn) as s:
+        return sum(await asyncio.gather(*(one(s, r) for r in rows)))
+
+
+def pipeline(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = AppendLog(Path(tmp) / "journal.jsonl")
+        journal.open()
+        outcome = asyncio.run(synth.generate(endpoint, rows, cfg, journal,
+                                             Progress(len(rows), "synth", every_s=1e9)))
+        journal.close()
+    return outcome["completion_tokens"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2)")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (a b b a per two)")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    args = ap.parse_args()
+    setup_logging(None)
+
+    cfg = cfglib.validate({"synth": {"concurrency": args.concurrency,
+                                     "max_tokens": args.max_tokens}})
+    model = args.model
+    if not model:
+        tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
+        if not tj.exists():
+            target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
+        model = target.load_info(tj)["model_path"]
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts.build({**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}],
+                       "bench": []}, train_out=Path(tmp) / "p.jsonl.zst", bench_outs={},
+                      stats_out=Path(tmp) / "s.json")
+        from eagle3_pipeline.fileio import iter_jsonl
+        rows = list(iter_jsonl(Path(tmp) / "p.jsonl.zst"))
+
+    spec = spec_from_config(cfg["vllm"], model, extra_args=["--no-enable-prefix-caching"])
+    figures = {"bare": [], "pipeline": []}
+    with VllmServer(spec, Path(tempfile.gettempdir()) / "synth-bench-server.log") as server:
+        ep = Endpoint(base_url=server.base_url, model=server.model_name, server=server)
+        asyncio.run(bare(ep, rows[:4], cfg["synth"]))  # warm-up
+        order = (["pipeline", "bare", "bare", "pipeline"] * args.rounds)[: 2 * args.rounds]
+        for which in order:
+            t0 = time.monotonic()
+            tokens = (pipeline(ep, rows, cfg["synth"]) if which == "pipeline"
+                      else asyncio.run(bare(ep, rows, cfg["synth"])))
+            rate = tokens / (time.monotonic() - t0)
+            figures[which].append(rate)
+            print(f"{which:9s} {tokens:7d} tokens  {rate:8.1f} tok/s", flush=True)
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    ratio = med["pipeline"] / med["bare"]
+    print(f"\nmedian tok/s: pipeline {med['pipeline']:.1f}, bare {med['bare']:.1f}; "
+          f"ratio {ratio:.3f} (goal >= 0.95)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": figures, "median": med, "ratio": ratio,
+                                              "args": vars(args)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
