@@ -134,8 +134,8 @@ def test_defaults_are_filled():
     assert cfg["vllm"]["tensor_parallel_size"] == 1 and cfg["vllm"]["device"] == "cpu"
     assert cfg["train"]["epochs"] == 3 and cfg["extract"]["jobs"] == 1
     assert cfg["extract"]["layer_ids"] is None
-    assert cfg["prompts"]["train"] == [{"source": "sharegpt", "n": 200, "max_turns": 6,
-                                        "multi_turn": False}]
+    assert cfg["prompts"]["train"][0]["source"] == "sharegpt"
+    assert cfg["prompts"]["train"][0]["multi_turn"] is False  # default inside a default list
     # defaults inside list items of a given config too
     cfg = cfglib.validate({"prompts": {"train": [{"source": "sharegpt"}]}})
     assert cfg["prompts"]["train"][0]["multi_turn"] is False
