@@ -17,9 +17,12 @@ rule bench:
         prompt_sets=config["bench"]["prompt_sets"],
     resources:
         gpus=gpus("bench"),
+        gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("bench"),
     benchmark:
         bench_of("bench")
+    conda:
+        "../envs/vllm.yaml"
     script:
         "../workflow_scripts/bench.py"

@@ -1,10 +1,43 @@
 # Shared helpers: config validation, paths, GPU counts, code inputs.
+import os
 import sys
+import tempfile
 from pathlib import Path
 
-# The library is installed into the project environment (scripts/setup.sh); the path entry
-# keeps a plain checkout plannable too.
-sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from snakemake.settings.types import DeploymentMethod
+
+# Planning and every job import the library from this checkout's src/: the files that
+# code_of() declares as inputs are then exactly the files the jobs run (an installed copy of
+# the package, e.g. an editable install of another checkout, would silently win otherwise).
+# Jobs inherit PYTHONPATH; under --sdm conda Snakemake strips it unless
+# --conda-not-block-search-path-envvars is given (the profiles set it).
+SRC = str(Path(workflow.basedir) / "src")
+sys.path.insert(0, SRC)
+# (Environment variables are only set here, never required: `os.environ.update` rather than
+# `os.environ[...] =`, which `snakemake --lint` mistakes for a read that needs `envvars:`.)
+os.environ.update(
+    PYTHONPATH=os.pathsep.join(
+        [SRC] + [p for p in os.getenv("PYTHONPATH", "").split(os.pathsep) if p and p != SRC]
+    )
+)
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method and not (
+    workflow.deployment_settings.conda_not_block_search_path_envvars
+):
+    raise WorkflowError(
+        "--sdm conda needs --conda-not-block-search-path-envvars: the jobs import the pipeline "
+        f"library from {SRC} through PYTHONPATH, which Snakemake strips from conda jobs "
+        "otherwise (profiles/default and profiles/slurm set it)."
+    )
+
+# Inside a Slurm job the allocation already owns its GPUs, and with ConstrainDevices every job
+# sees them renumbered from 0: per-node lock files named after those ids would make two jobs
+# on one node wait for each other. Locks are then kept per Slurm job (eagle3_pipeline.gpus).
+if os.getenv("SLURM_JOB_ID"):
+    os.environ.update(
+        EAGLE3_GPU_LOCK_DIR=os.path.join(
+            tempfile.gettempdir(), f"eagle3-pipeline-gpu-locks-slurm-{os.getenv('SLURM_JOB_ID')}"
+        )
+    )
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.workflow import module_closure
@@ -56,10 +89,32 @@ def final_targets():
     return [out("report/report.html")]
 
 
+def global_gpus():
+    """The N of `--resources gpus=N`, or None when it was not given."""
+    res = workflow.global_resources.get("gpus")  # a snakemake Resource (value None if unset)
+    return getattr(res, "value", res)
+
+
+GPU_STAGES = ("synth", "extract", "train", "bench")
+
+# Snakemake silently scales a job down to --resources gpus=N when it asks for more; the job
+# would then fail at start (gpus.require_gpus). Say so before any job, in the main process
+# only (a cluster job's own snakemake gets --resources gpus=<that job's count>).
+if workflow.is_main_process and global_gpus() is not None:
+    _short = {s: gpus(s) for s in GPU_STAGES if gpus(s) > global_gpus()}
+    if _short:
+        raise WorkflowError(
+            f"--resources gpus={global_gpus()} is less than "
+            + ", ".join(f"rule {s} needs {n}" for s, n in _short.items())
+            + ". Snakemake would silently scale those jobs down; pass at least "
+            f"--resources gpus={max(_short.values())} or lower vllm.tensor_parallel_size / "
+            "train.gpus."
+        )
+
+
 onstart:
-    if not workflow.global_resources.get("gpus") and any(
-        gpus(s) for s in ("synth", "extract", "train", "bench")
-    ):
+    # Local runs only: on a cluster each job gets its own GPUs from the scheduler.
+    if workflow.local_exec and global_gpus() is None and any(gpus(s) for s in GPU_STAGES):
         print(
             "NOTE: no --resources gpus=N given, so Snakemake will not limit GPU jobs. "
             "Jobs still never share a device (each takes a file lock per GPU and waits for "

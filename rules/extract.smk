@@ -17,13 +17,17 @@ rule extract:
         jobs=config["extract"]["jobs"],
         synth_temperature=config["synth"]["temperature"],
         gpus=gpus("extract"),
-        root=out("hidden_states"),
+        # hidden_states/ (shards live beside the manifests), derived from the output path
+        root=lambda wildcards, output: str(Path(output.part).parent.parent),
     resources:
         gpus=gpus("extract"),
+        gpu=gpus("extract"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("extract_part{part}"),
     benchmark:
         bench_of("extract_part{part}")
+    conda:
+        "../envs/vllm.yaml"
     script:
         "../workflow_scripts/extract.py"
 
@@ -41,5 +45,7 @@ rule extract_gather:
         log_of("extract_gather"),
     benchmark:
         bench_of("extract_gather")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/extract_gather.py"

@@ -13,5 +13,7 @@ rule prepare:
         log_of("prepare"),
     benchmark:
         bench_of("prepare")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/prepare.py"

@@ -12,5 +12,7 @@ rule prompts:
         log_of("prompts"),
     benchmark:
         bench_of("prompts")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/prompts.py"

@@ -28,5 +28,7 @@ rule report:
         log_of("report"),
     benchmark:
         bench_of("report")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/report.py"

@@ -14,9 +14,12 @@ rule synth:
         work_dir=out("synth/.partial"),
     resources:
         gpus=gpus("synth"),
+        gpu=gpus("synth"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("synth"),
     benchmark:
         bench_of("synth")
+    conda:
+        "../envs/vllm.yaml"
     script:
         "../workflow_scripts/synth.py"

@@ -10,5 +10,7 @@ rule target:
         log_of("target"),
     benchmark:
         bench_of("target")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/target.py"

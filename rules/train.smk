@@ -18,9 +18,12 @@ rule train:
         work_dir=out("train_work"),
     resources:
         gpus=gpus("train"),
+        gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("train"),
     benchmark:
         bench_of("train")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/train.py"

@@ -17,5 +17,7 @@ rule vocab:
         log_of("vocab"),
     benchmark:
         bench_of("vocab")
+    conda:
+        "../envs/train.yaml"
     script:
         "../workflow_scripts/vocab.py"

@@ -7,6 +7,7 @@ config never costs a model load.
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
               "exclusiveMaximum": "<"}[v]
         msg = f"expected a number {op} {error.validator_value}, got {value!r}"
-    elif v == "additionalProperties":
-        allowed = sorted(schema.get("properties", {}))
-        extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
-        msg = f"unknown key(s) {extra}; allowed keys: {allowed}"
+    elif v == "additionalProperties":  # reported per key by _problems()
+        msg = error.message
         hint = None
     elif v == "required":
         msg = error.message.replace("is a required property", "is required")
@@ -75,13 +74,28 @@ def _describe(error: jsonschema.ValidationError) -> str:
               f"{error.validator_value} item(s), got {len(value)}"
     elif v == "uniqueItems":
         msg = f"items must be unique, got {value!r}"
-    elif v == "oneOf":
-        options = [s.get("description") or s.get("const") or s.get("type")
-                   for s in error.validator_value]
-        msg = f"got {value!r}; expected one of: {options}"
+    elif v in ("oneOf", "anyOf"):
+        # The branch of the right type explains best (0 -> "expected >= 1"); else list them.
+        near = [e for e in error.context or [] if e.validator not in ("type", "const", "enum")]
+        if near:
+            msg = _describe(near[0]).split(" (")[0]
+        else:
+            msg = f"expected {' or '.join(_option(s) for s in error.validator_value)}, " \
+                  f"got {value!r}"
     else:
         msg = error.message
     return f"{msg} ({hint})" if hint else msg
+
+
+def _option(schema: dict) -> str:
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return " or ".join(map(repr, schema["enum"]))
+    text = str(schema.get("type", "a value"))
+    if "minimum" in schema:
+        text += f" >= {schema['minimum']}"
+    return text
 
 
 def validate(config: dict, schema: dict | None = None) -> dict:
@@ -90,13 +104,102 @@ def validate(config: dict, schema: dict | None = None) -> dict:
     Raises ConfigError naming each offending key and what is expected.
     """
     schema = schema or load_schema()
+    coerce_cli_strings(config, schema)
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
-    problems = [f"config key `{_key(e)}`: {_describe(e)}" for e in errors]
+    problems = [p for e in errors for p in _problems(e)]
     if not problems:
         problems = check_semantics(config)
     if problems:
-        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems)
+                          + "\n(every key, its type and its default: config/schema.yaml)")
+    return sort_keys(config)
+
+
+def sort_keys(value: Any) -> Any:
+    """Sort every mapping's keys, in place (lists keep their order).
+
+    Snakemake decides "Params have changed" by comparing the repr of each param, and a config
+    section's repr depends on key order: the same values given through ``--config`` (which puts
+    the given keys first) or a reordered file would re-run finished stages. Sorted keys make a
+    section's repr depend on its values only.
+    """
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        value.clear()
+        value.update((k, sort_keys(v)) for k, v in items)
+    elif isinstance(value, list):
+        for item in value:
+            sort_keys(item)
+    return value
+
+
+def _problems(error: jsonschema.ValidationError) -> list[str]:
+    """One readable line per problem; an unknown key is named itself, with a suggestion."""
+    if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
+        return [f"config key `{_key(error)}`: {_describe(error)}"]
+    allowed = sorted(error.schema.get("properties", {}))
+    where = _key(error)
+    prefix = "" if where == "<top level>" else where + "."
+    lines = []
+    for extra in sorted(set(error.instance) - set(allowed)):
+        close = difflib.get_close_matches(str(extra), allowed, n=1)
+        guess = f" (did you mean `{prefix}{close[0]}`?)" if close else ""
+        scope = "at the top level" if not prefix else f"in `{where}`"
+        lines.append(f"config key `{prefix}{extra}`: unknown key{guess}; allowed {scope}: "
+                     f"{', '.join(allowed)}")
+    return lines
+
+
+def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict:
+    """Turn strings back into the numbers/booleans/nulls they spell, where the schema wants those.
+
+    ``snakemake --config 'vllm={tensor_parallel_size: 8}'`` parses nested values with YAML's
+    BaseLoader, so every nested scalar arrives as a string (``'8'``, ``'true'``). A string is
+    replaced by ``yaml.safe_load(string)`` only where the schema rejects the string and accepts
+    the parsed value, so strings the schema wants (paths, names, ``auto``) are left alone.
+    """
+    validator = _Validator(schema)
+    for _ in range(max_rounds):
+        changed = False
+        for error in list(validator.iter_errors(config)):  # (collected before any change)
+            path = list(error.absolute_path)
+            if not path or not isinstance(error.instance, str):
+                continue
+            value = _scalar_from_string(error.instance)
+            if isinstance(value, str):
+                continue
+            if error.validator == "type":
+                types = error.validator_value
+                fits = any(validator.is_type(value, t)
+                           for t in (types if isinstance(types, list) else [types]))
+            else:  # oneOf / anyOf / enum / const: the parsed value must satisfy the keyword
+                fits = validator.evolve(schema=error.schema).is_valid(value)
+            if fits:
+                parent = config
+                for key in path[:-1]:
+                    parent = parent[key]
+                if parent[path[-1]] == error.instance:
+                    parent[path[-1]] = value
+                    changed = True
+        if not changed:
+            break
     return config
+
+
+def _scalar_from_string(text: str) -> Any:
+    """``'8'`` -> 8, ``'1e-4'`` -> 0.0001, ``'true'`` -> True, ``'null'`` -> None; else ``text``."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, (dict, list)):
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
+        except ValueError:
+            return text
+    return value
 
 
 def check_semantics(cfg: dict) -> list[str]:
@@ -119,18 +222,19 @@ def check_semantics(cfg: dict) -> list[str]:
     def check_sources(key: str, sources: list[dict], need_name: bool) -> set[str]:
         names = set()
         for i, src in enumerate(sources):
-            where = f"`{key}[{i}]`"
+            where = f"{key}[{i}]"
             if src["source"] == "file":
                 if not src.get("path"):
-                    problems.append(f"config key {where}.path: required for source 'file'")
+                    problems.append(f"config key `{where}.path`: required for source 'file' "
+                                    "(a JSONL(.zst) or Parquet file)")
                 elif not Path(src["path"]).expanduser().is_file():
-                    problems.append(f"config key {where}.path: file {src['path']!r} not found")
+                    problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
             if need_name and not src.get("name"):
-                problems.append(f"config key {where}.name: required for a benchmark set")
+                problems.append(f"config key `{where}.name`: required for a benchmark set")
                 continue
             name = source_name(src) if src.get("path") or src["source"] != "file" else None
             if name in names:
-                problems.append(f"config key {where}.name: {name!r} is used twice")
+                problems.append(f"config key `{where}.name`: {name!r} is used twice")
             names.add(name)
         return names
 
@@ -154,7 +258,8 @@ def check_semantics(cfg: dict) -> list[str]:
                         f"({cfg['prepare']['seq_length']} > {cfg['vllm']['max_model_len']}), "
                         "or extraction cannot prefill the rows")
     if cfg["train"]["gpus"] == 0 and cfg["train"]["fsdp"]:
-        problems.append("config key `train.fsdp`: FSDP needs train.gpus >= 2")
+        problems.append("config key `train.fsdp`: FSDP needs GPUs, but train.gpus is 0 "
+                        "(training on the CPU); set train.gpus >= 2 or fsdp: false")
     if cfg["train"]["gpus"] == 0 and cfg["train"]["attn_impl"] == "simple_flex_attention":
         problems.append("config key `train.attn_impl`: simple_flex_attention has no CPU "
                         "backward; use sdpa when train.gpus is 0")

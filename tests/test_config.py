@@ -1,0 +1,252 @@
+"""Config validation: every bad config fails before any job, naming the key and what is expected."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3_pipeline import config as cfglib
+from smkcli import REPO, snakemake
+
+DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def default() -> dict:
+    return copy.deepcopy(DEFAULT)
+
+
+def problems_of(cfg: dict) -> str:
+    with pytest.raises(cfglib.ConfigError) as err:
+        cfglib.validate(cfg)
+    return str(err.value)
+
+
+def set_key(cfg: dict, dotted: str, value) -> dict:
+    *parents, last = dotted.split(".")
+    node = cfg
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return cfg
+
+
+# (dotted key to set, value, expected fragments of the one problem line)
+INVALID = {
+    "type: integer": ("vllm.max_model_len", "big",
+                      ["`vllm.max_model_len`", "expected integer, got 'big' (str)"]),
+    "type: list for integer": ("synth.concurrency", [4],
+                               ["`synth.concurrency`", "expected integer, got [4] (list)"]),
+    "type: section": ("target", None, ["`target`", "expected object, got None"]),
+    "enum": ("vllm.device", "tpu",
+             ["`vllm.device`", "expected one of ['cpu', 'cuda'], got 'tpu'"]),
+    "minimum": ("extract.jobs", 0, ["`extract.jobs`", "expected a number >= 1, got 0"]),
+    "exclusive minimum": ("train.lr", 0, ["`train.lr`", "expected a number > 0, got 0"]),
+    "maximum": ("prompts.max_bad_fraction", 1.5,
+                ["`prompts.max_bad_fraction`", "expected a number <= 1, got 1.5"]),
+    "unknown key, top level": ("modle", "x",
+                               ["`modle`", "unknown key", "allowed at the top level",
+                                "target"]),
+    "unknown key, nested": ("train.epoch", 3,
+                            ["`train.epoch`", "unknown key", "did you mean `train.epochs`?"]),
+    "pattern: run name": ("run", "my run/1",
+                          ["`run`", "'my run/1' does not match the pattern",
+                           "run name; outputs go to <results_dir>/<run>/"]),
+    "pattern: endpoint": ("synth.endpoint", "localhost:8000",
+                          ["`synth.endpoint`", "does not match the pattern '^https?://'"]),
+    "oneOf: vocab size string": ("vocab.draft_vocab_size", "lots",
+                                 ["`vocab.draft_vocab_size`",
+                                  "expected integer >= 1 or 'auto', got 'lots'"]),
+    "oneOf: vocab size 0": ("vocab.draft_vocab_size", 0,
+                            ["`vocab.draft_vocab_size`", "expected a number >= 1, got 0"]),
+    "uniqueItems": ("extract.layer_ids", [2, 2],
+                    ["`extract.layer_ids`", "items must be unique, got [2, 2]"]),
+    "minItems": ("prompts.train", [],
+                 ["`prompts.train`", "expected a list with at least 1 item(s), got 0"]),
+    "required": ("prompts.train", [{"n": 5}],
+                 ["`prompts.train[0]`", "'source' is required"]),
+    "bench set not defined": ("bench.prompt_sets", ["mtbench", "gsm8k"],
+                              ["`bench.prompt_sets`", "'gsm8k' is not defined in prompts.bench",
+                               "defined: ['humaneval', 'mtbench']"]),
+    "local target without path": ("target.source", "local",
+                                  ["`target.path`", "required when target.source is 'local'"]),
+    "tensor parallel on cpu": ("vllm.tensor_parallel_size", 2,
+                               ["`vllm.tensor_parallel_size`",
+                                "must be 1 when vllm.device is 'cpu'"]),
+    "layer ids unsorted": ("extract.layer_ids", [15, 2, 27],
+                           ["`extract.layer_ids`", "must be in increasing order, got [15, 2, 27]"]),
+    "seq_length above max_model_len": ("prepare.seq_length", 4096,
+                                       ["`prepare.seq_length`", "must not exceed vllm.max_model_len",
+                                        "(4096 > 2048)"]),
+    "fsdp on cpu": ("train.fsdp", True,
+                    ["`train.fsdp`", "FSDP needs GPUs, but train.gpus is 0"]),
+    "flex attention on cpu": ("train.attn_impl", "simple_flex_attention",
+                              ["`train.attn_impl`", "no CPU backward"]),
+    "file source without path": ("prompts.train", [{"source": "file"}],
+                                 ["`prompts.train[0].path`", "required for source 'file'"]),
+    "file source, missing file": ("prompts.train", [{"source": "file", "path": "/nonexistent.jsonl"}],
+                                  ["`prompts.train[0].path`",
+                                   "file '/nonexistent.jsonl' not found"]),
+    "bench set name twice": ("prompts.bench", [{"source": "mtbench"}, {"source": "mtbench"},
+                                               {"source": "humaneval"}],
+                             ["`prompts.bench[1].name`", "'mtbench' is used twice"]),
+    "bench set name pattern": ("prompts.bench", [{"name": "my set", "source": "mtbench"}],
+                               ["`prompts.bench[0].name`", "does not match the pattern"]),
+    "api key without endpoint": ("synth.api_key_env", "MY_KEY",
+                                 ["`synth.api_key_env`", "only used with synth.endpoint"]),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_config_names_key_and_expectation(case):
+    key, value, fragments = INVALID[case]
+    message = problems_of(set_key(default(), key, value))
+    lines = [ln for ln in message.splitlines() if ln.startswith("  - ")]
+    assert len(lines) == 1, message
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    assert message.startswith("Invalid configuration:")
+    assert message.endswith("(every key, its type and its default: config/schema.yaml)")
+
+
+def test_local_target_path_without_config_json(tmp_path):
+    cfg = default()
+    cfg["target"] = {"source": "local", "path": str(tmp_path)}
+    message = problems_of(cfg)
+    assert f"config key `target.path`: '{tmp_path}' is not a model directory " \
+           "(no config.json there)" in message
+    (tmp_path / "config.json").write_text("{}")
+    cfglib.validate(cfg)  # now it is one
+
+
+def test_every_schema_problem_is_listed_at_once():
+    cfg = set_key(set_key(default(), "vllm.device", "tpu"), "train.epochs", 0)
+    cfg["typo"] = 1
+    message = problems_of(cfg)
+    assert "`vllm.device`" in message and "`train.epochs`" in message and "`typo`" in message
+
+
+def test_defaults_are_filled():
+    cfg = cfglib.validate({})
+    assert cfg["run"] == "default" and cfg["results_dir"] == "results"
+    assert cfg["vllm"]["tensor_parallel_size"] == 1 and cfg["vllm"]["device"] == "cpu"
+    assert cfg["train"]["epochs"] == 3 and cfg["extract"]["jobs"] == 1
+    assert cfg["extract"]["layer_ids"] is None
+    assert cfg["prompts"]["train"][0]["source"] == "sharegpt"
+    assert cfg["prompts"]["train"][0]["multi_turn"] is False  # default inside a default list
+    # defaults inside list items of a given config too
+    cfg = cfglib.validate({"prompts": {"train": [{"source": "sharegpt"}]}})
+    assert cfg["prompts"]["train"][0]["multi_turn"] is False
+
+
+def test_the_default_config_is_valid():
+    cfg = cfglib.validate(default())
+    assert cfg["vllm"]["device"] == "cpu" and cfg["prompts"]["train"][0]["n"] == 320
+    assert cfglib.stage_gpus(cfg, "synth") == 0
+
+
+def test_keys_are_sorted_so_param_reprs_do_not_depend_on_order():
+    a = cfglib.validate({"train": {"lr": 0.001, "epochs": 2}})
+    b = cfglib.validate({"train": {"epochs": 2, "lr": 0.001}})
+    assert repr(a) == repr(b)
+    assert list(a["train"]) == sorted(a["train"])
+
+
+def test_command_line_strings_are_read_as_the_values_they_spell():
+    # `snakemake --config 'vllm={tensor_parallel_size: 8}'` delivers nested values as strings.
+    cfg = cfglib.validate({"run": "123", "vllm": {"device": "cuda", "tensor_parallel_size": "8",
+                                                 "enforce_eager": "false"},
+                           "train": {"lr": "1e-4", "gpus": "2", "fsdp": "true"},
+                           "vocab": {"draft_vocab_size": "4096"},
+                           "bench": {"concurrency": ["1", "8"]},
+                           "synth": {"seed": "null"}})
+    assert cfg["run"] == "123"  # a string where the schema wants one stays a string
+    assert cfg["vllm"]["tensor_parallel_size"] == 8 and cfg["vllm"]["enforce_eager"] is False
+    assert cfg["train"]["lr"] == 1e-4 and cfg["train"]["gpus"] == 2 and cfg["train"]["fsdp"]
+    assert cfg["vocab"]["draft_vocab_size"] == 4096
+    assert cfg["bench"]["concurrency"] == [1, 8] and cfg["synth"]["seed"] is None
+    # ...and the real problem is reported, not the string
+    assert "expected a number >= 1, got -1" in problems_of({"vllm": {"max_model_len": "-1"}})
+    assert "got 'many'" in problems_of({"vllm": {"max_model_len": "many"}})
+
+
+# ---- profiles ------------------------------------------------------------------------------
+
+PROFILES = ["kimi-k2.5.yaml", "llama-8b.yaml"]
+
+
+def profile(name: str, model_dir: Path) -> dict:
+    cfg = yaml.safe_load((REPO / "config" / name).read_text())
+    cfg["target"]["path"] = str(model_dir)
+    return cfg
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_is_valid(name, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    cfg = cfglib.validate(profile(name, tmp_path))
+    assert cfg["vllm"]["device"] == "cuda"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_sets_every_key_the_embedded_default_sets(name, tmp_path):
+    # Run from the checkout, `--configfile` is merged onto config/config.yaml: whatever the
+    # profile leaves out would come from the CPU default. The effective config must be the
+    # profile's own.
+    (tmp_path / "config.json").write_text("{}")
+    alone = cfglib.validate(profile(name, tmp_path))
+    merged = cfglib.validate(cfglib.deep_update(default(), profile(name, tmp_path)))
+    assert merged == alone
+
+
+def test_kimi_profile_choices(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    cfg = cfglib.validate(profile("kimi-k2.5.yaml", tmp_path))
+    assert cfg["vllm"]["tensor_parallel_size"] == 8 and cfg["train"]["gpus"] == 8
+    assert cfg["synth"]["reasoning_parser"] == "kimi_k2"
+    assert cfg["target"]["trust_remote_code"] is True
+    assert cfg["vllm"]["max_model_len"] >= cfg["prepare"]["seq_length"]
+    assert cfg["vocab"]["draft_vocab_size"] == 32768 and cfg["extract"]["jobs"] == 1
+    assert cfg["bench"]["num_speculative_tokens"] == [1, 3, 5]
+    assert cfg["bench"]["concurrency"] == [1, 8, 32]
+
+
+def test_kimi_reasoning_parser_exists_in_installed_vllm():
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")  # located, not imported (importing takes ~20 s)
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed")
+    registry = Path(spec.origin).parent / "reasoning" / "__init__.py"
+    assert '"kimi_k2"' in registry.read_text()  # the name --reasoning-parser takes
+
+
+# ---- through the CLI -------------------------------------------------------------------------
+
+def test_cli_bad_value_fails_before_any_job(tmp_path):
+    proc = snakemake("-n", "--configfile", str(REPO / "config" / "config.yaml"),
+                     "--config", "vllm={max_model_len: -1}", workdir=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "Invalid configuration:\n  - config key `vllm.max_model_len`: expected a number " \
+           ">= 1, got -1" in proc.output
+    assert "Building DAG of jobs" not in proc.output and "Traceback" not in proc.output
+
+
+def test_cli_bad_configfile_fails_before_any_job(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epoch: 3\nvllm:\n  device: tpu\n")
+    proc = snakemake("-n", "--configfile", str(bad), workdir=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "config key `train.epoch`: unknown key (did you mean `train.epochs`?)" in proc.output
+    assert "config key `vllm.device`: expected one of ['cpu', 'cuda'], got 'tpu'" in proc.output
+    assert "Building DAG of jobs" not in proc.output
+
+
+def test_cli_dotted_config_keys_are_rejected_by_snakemake_itself(tmp_path):
+    # Documented limitation: Snakemake's --config parser takes no dotted keys; the nested form
+    # `--config 'vllm={max_model_len: 4096}'` is the way (docs/cluster.md).
+    proc = snakemake("-n", "--config", "vllm.max_model_len=4096", workdir=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "Config entry must start with a valid identifier" in proc.output
