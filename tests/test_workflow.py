@@ -142,7 +142,7 @@ def slurm_calls(*args: str, workdir: Path) -> list[dict]:
     cmd = [sys.executable, str(REPO / "scripts" / "slurm_preview.py"), "--json",
            "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--profile", str(REPO / "profiles" / "slurm"), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env_for(REPO / "src"), capture_output=True,
+    proc = subprocess.run(cmd, cwd=workdir, env=env_for(REPO / "src"), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout[proc.stdout.index("["):])

@@ -219,7 +219,7 @@ def check_semantics(cfg: dict) -> list[str]:
         problems.append("config key `vllm.tensor_parallel_size`: must be 1 when vllm.device "
                         "is 'cpu' (tensor parallelism needs GPUs)")
 
-    def check_sources(key: str, sources: list[dict], need_name: bool) -> set[str]:
+    def check_sources(key: str, sources: list[dict]) -> set[str]:
         names = set()
         for i, src in enumerate(sources):
             where = f"{key}[{i}]"
@@ -229,17 +229,16 @@ def check_semantics(cfg: dict) -> list[str]:
                                     "(a JSONL(.zst) or Parquet file)")
                 elif not Path(src["path"]).expanduser().is_file():
                     problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
-            if need_name and not src.get("name"):
-                problems.append(f"config key `{where}.name`: required for a benchmark set")
+            if src["source"] == "file" and not src.get("path"):
                 continue
-            name = source_name(src) if src.get("path") or src["source"] != "file" else None
+            name = source_name(src)
             if name in names:
                 problems.append(f"config key `{where}.name`: {name!r} is used twice")
             names.add(name)
         return names
 
-    check_sources("prompts.train", cfg["prompts"]["train"], need_name=False)
-    bench_names = check_sources("prompts.bench", cfg["prompts"]["bench"], need_name=True)
+    check_sources("prompts.train", cfg["prompts"]["train"])
+    bench_names = check_sources("prompts.bench", cfg["prompts"]["bench"])
     for name in cfg["bench"]["prompt_sets"]:
         if name not in bench_names:
             problems.append(f"config key `bench.prompt_sets`: {name!r} is not defined in "
