@@ -690,6 +690,13 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
 
 # ---- launch --------------------------------------------------------------------------------
 
+def _training_process_modules() -> None:
+    """Never called. The training process runs these modules in a subprocess; importing them
+    here makes workflow.module_closure list them as inputs of the train rule, so an edit to
+    either re-runs the stage like an edit to this module does."""
+    from . import hs_backend, train_entry  # noqa: F401
+
+
 def launch_command(job_path: Path, gpus: int) -> list[str]:
     entry = ["-m", "eagle3_pipeline.train_entry", str(job_path)]
     if gpus <= 0:
@@ -823,12 +830,18 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
         log.info("launching attempt %d: %s", attempt, " ".join(cmd))
         rc = launch(cmd, child_env(gpus), log_path)
         if rc == 0:
-            break
+            records = read_records(records_path)
+            val_epochs = {int(r["epoch"]) for r in records if r["kind"] == "val"}
+            if training_finished(save_path, int(train_config["epochs"]), val_epochs):
+                break
+            # speculators returns normally after saving its SIGTERM ("interrupted") checkpoint
+            problem = "stopped before the last epoch was trained and validated"
+        else:
+            problem = f"exited with status {rc}"
         if attempt_no + 1 >= max_attempts:
-            raise TrainError(f"training process exited with status {rc} (see the log); the "
-                             f"checkpoints in {save_path} are kept and a re-run resumes")
-        log.warning("training process exited with status %d; retrying from the last "
-                    "checkpoint", rc)
+            raise TrainError(f"training process {problem} (see the log); the checkpoints in "
+                             f"{save_path} are kept and a re-run resumes from them")
+        log.warning("training process %s; retrying from the last checkpoint", problem)
 
     records = read_records(records_path)
     best = best_checkpoint(save_path)
