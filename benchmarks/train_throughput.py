@@ -63,14 +63,22 @@ def log(msg: str) -> None:
 
 def preflight() -> dict:
     """Import what the runs need; fail fast with the missing package's name."""
+    import importlib.metadata as md
+
     versions = {}
-    for mod in ("torch", "transformers", "datasets", "safetensors", "numpy", "matplotlib",
-                "pyarrow", "speculators", "hs_connectors", "pydantic", "openai", "loguru",
-                "zstandard"):
+    for mod, dist in (("torch", "torch"), ("transformers", "transformers"),
+                      ("datasets", "datasets"), ("safetensors", "safetensors"),
+                      ("numpy", "numpy"), ("matplotlib", "matplotlib"), ("pyarrow", "pyarrow"),
+                      ("speculators", "speculators"), ("hs_connectors", "hs-connectors"),
+                      ("pydantic", "pydantic"), ("openai", "openai"), ("loguru", "loguru"),
+                      ("zstandard", "zstandard"), ("triton", "triton")):
         try:
-            m = __import__(mod)
-            versions[mod] = getattr(m, "__version__", "?")
+            __import__(mod)
+            versions[mod] = md.version(dist)
         except Exception as e:  # noqa: BLE001
+            if mod == "triton":
+                versions[mod] = None
+                continue
             raise SystemExit(f"preflight: cannot import {mod}: {e!r} (see "
                              "benchmarks/fetch_gpu_wheels.sh)") from e
     import speculators.train.cli  # noqa: F401  (the whole trainer import chain)

@@ -205,6 +205,66 @@ def test_torn_checkpoints_are_removed(tmp_path):
     assert train.clean_checkpoints(save, scheduler=True, val_epochs=set()) is None
 
 
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_sharded_backend_reads_shards(tmp_path, storage):
+    import argparse
+
+    import torch
+    from hs_connectors.fp8_utils import quantize_tensor_to_fp8
+    from safetensors.torch import save_file
+
+    from eagle3_pipeline import hs_backend, shards
+
+    root = tmp_path / "hidden_states"
+    ref = {}
+    for i in range(5):
+        h = torch.randn(7, 4, 16)
+        t = {"token_ids": torch.arange(7) + i}
+        if storage == "fp8":
+            q, sc = quantize_tensor_to_fp8(h)
+            t.update(hidden_states=q, hidden_states_scales=sc)
+        else:
+            t["hidden_states"] = h.bfloat16()
+        path = shards.sample_path(root, i, 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(t, str(path))
+        ref[i] = h
+    (root / "manifest.json").write_text(json.dumps({
+        "format": shards.MANIFEST_FORMAT, "root": str(root), "num_samples": 5,
+        "samples_per_shard": 2, "aux_layer_ids": [1, 2, 3], "final_layer_id": 4,
+        "hidden_size": 16, "storage": storage}))
+    from hs_connectors import HiddenStatesBackend
+
+    backend = HiddenStatesBackend.registry[hs_backend.BACKEND_NAME]
+    transfer = backend.from_train_args(
+        argparse.Namespace(hidden_states_path=str(root), hidden_states_dtype="float32"), "")
+    import pickle
+
+    transfer = pickle.loads(pickle.dumps(transfer))  # what spawned DataLoader workers get
+    for i in (0, 3, 4):
+        got = transfer.get_cached(i)
+        assert set(got) == {"hidden_states", "token_ids"}
+        assert torch.equal(got["token_ids"], torch.arange(7) + i)
+        tol = 0.07 if storage == "fp8" else 0.01
+        rel = (got["hidden_states"].float() - ref[i]).abs().max() / ref[i].abs().max()
+        assert rel < tol
+    assert transfer.get_cached(5) is None
+    with pytest.raises(RuntimeError, match="only reads extracted"):
+        transfer.get_generated({})
+
+
+def test_non_torch_dataset_gets_a_torch_copy(tmp_path):
+    from datasets import Dataset, load_from_disk
+
+    ds = Dataset.from_dict({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]], "seq_len": [3],
+                            "sample_id": ["a"]})
+    ds.save_to_disk(str(tmp_path / "plain"))
+    out = train.torch_format_dataset(tmp_path / "plain", tmp_path / "work")
+    assert out == tmp_path / "work" / "dataset"
+    assert load_from_disk(str(out)).format["type"] == "torch"
+    assert train.torch_format_dataset(out, tmp_path / "work2") == out  # already torch: as is
+
+
 def test_sliding_window_as_vllm_serves_it():
     full = {"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2,
             "sliding_window": 2048}
@@ -239,7 +299,7 @@ def test_summarize_counts_resumed_steps_once():
     assert e0["val"]["full_acc"] == [0.4] and e1["val"]["loss"] == 5.5
     assert e0["tokens_per_s"] == pytest.approx(1000.0)
     assert [a["first_global_step"] for a in s["attempts"]] == [0, 2]
-    assert [a["finished"] for a in s["attempts"]] == [False, True]
+    assert [a["clean_exit"] for a in s["attempts"]] == [False, True]
 
 
 # ---- CPU training: kill mid-epoch, resume, export ------------------------------------------

@@ -494,7 +494,7 @@ def summarize(records: list[dict[str, Any]], ttt_steps: int,
         attempts.append({"attempt": a, "bridges": s.get("bridges"),
                          "world_size": s.get("world_size"), "device": s.get("device_name"),
                          "first_global_step": first_step.get(a),
-                         "finished": any(r["attempt"] == a for r in ends)})
+                         "clean_exit": any(r["attempt"] == a for r in ends)})
     return {"epochs": per_epoch, "throughput": throughput, "attempts": attempts}
 
 
@@ -847,7 +847,8 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
     best = best_checkpoint(save_path)
     drafter = Path(drafter_dir)
     config = export_checkpoint(best, drafter, verifier)
-    summary = summarize(records, int(train_config["ttt_steps"]))
+    # the first step of each attempt (worker start, compilation) is left out of throughput
+    summary = summarize(records, int(train_config["ttt_steps"]), warmup_steps=1)
     cons = consistency(config, drafter, manifest, target_info, resolve_auto(cfg), d2t, t2d,
                        target_window)
     best_val = None

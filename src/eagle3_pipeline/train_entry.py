@@ -263,7 +263,11 @@ def install_loader_probe(writer: RecordWriter) -> None:
     cli_mod.create_train_val_loaders = create_train_val_loaders
 
 
-def device_summary() -> dict[str, Any]:
+def device_summary(writer: RecordWriter) -> dict[str, Any]:
+    """Device facts for the records; only where records are written (rank 0), so that no other
+    rank touches a CUDA device before speculators selects its own."""
+    if not writer.enabled:
+        return {}
     import torch
 
     info: dict[str, Any] = {"torch": torch.__version__,
@@ -327,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                            "bridges": bridges, "mode": "stock" if stock_argv is not None
                            else "pipeline", "resume_from": job.get("resume_from"),
-                           **device_summary()})
+                           **device_summary(writer)})
     log.info("training with speculators' trainer; bridges: %s", ", ".join(bridges) or "none")
 
     from speculators.train.cli import main as speculators_main
@@ -335,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         speculators_main(cfg)
     finally:
-        writer.write("end", device_summary())
+        writer.write("end", device_summary(writer))
         writer.close()
     return 0
 
