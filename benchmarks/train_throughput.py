@@ -81,6 +81,9 @@ def preflight() -> dict:
                 continue
             raise SystemExit(f"preflight: cannot import {mod}: {e!r} (see "
                              "benchmarks/fetch_gpu_wheels.sh)") from e
+    if int(versions["pyarrow"].split(".")[0]) < 24:
+        raise SystemExit(f"preflight: datasets 5.1 needs pyarrow >= 24, found "
+                         f"{versions['pyarrow']}: benchmarks/fetch_gpu_wheels.sh --with-pyarrow")
     import speculators.train.cli  # noqa: F401  (the whole trainer import chain)
     import torch
 
