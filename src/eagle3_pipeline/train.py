@@ -616,9 +616,13 @@ def consistency(config: dict[str, Any], drafter_dir: Path, manifest: dict[str, A
         and record["norm_output"] == bool(cfg["norm_output"]),
         "sliding_window_as_configured": all(w == want_window for w in windows),
         "sliding_window_served_as_trained": served == windows,
-        "draft_vocab_matches_vocab_stage": record["weights_have_d2t_t2d"]
-        and record["draft_vocab_size"] == len(vocab_d2t) == len(ck_d2t)
-        and bool((ck_d2t == vocab_d2t).all()) and bool((ck_t2d == vocab_t2d).all()),
+        # a draft vocab as large as the target's needs no map (speculators stores none)
+        "draft_vocab_matches_vocab_stage": (
+            record["draft_vocab_size"] == len(vocab_d2t) == record["vocab_size"]
+            and not record["weights_have_d2t_t2d"]) or (
+            record["weights_have_d2t_t2d"]
+            and record["draft_vocab_size"] == len(vocab_d2t) == len(ck_d2t)
+            and bool((ck_d2t == vocab_d2t).all()) and bool((ck_t2d == vocab_t2d).all())),
         "verifier_is_target": record["verifier_path_exists"]
         and Path(verifier).resolve() == Path(target_info["model_path"]).resolve(),
         "is_eagle3": record["speculators_model_type"] == "eagle3",
@@ -636,6 +640,9 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def num(x):
+        return float("nan") if x is None else float(x)
+
     epochs = metrics["epochs"]
     ttt = metrics["config"]["ttt_steps"]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.6))
@@ -650,18 +657,21 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
         gs = steps_per_epoch[e]
         frac = (gs.index(g) + 1) / len(gs)
         xs.append(e + frac)
-        ys.append(r["train"].get("loss"))
+        ys.append(num(r["train"].get("loss")))
     if xs:
         ax_loss.plot(xs, ys, color="tab:blue", alpha=0.25, lw=1, label="train (logged steps)")
     ex = [e["epoch"] + 1 for e in epochs]
-    ax_loss.plot(ex, [e["train"]["loss"] for e in epochs], "o-", color="tab:blue",
+    ax_loss.plot(ex, [num(e["train"]["loss"]) for e in epochs], "o-", color="tab:blue",
                  label="train (epoch mean)")
     vx = [e["epoch"] + 1 for e in epochs if "val" in e]
-    ax_loss.plot(vx, [e["val"]["loss"] for e in epochs if "val" in e], "s-", color="tab:red",
+    ax_loss.plot(vx, [num(e["val"]["loss"]) for e in epochs if "val" in e], "s-", color="tab:red",
                  label="validation")
     if metrics.get("best_epoch") is not None:
         ax_loss.axvline(metrics["best_epoch"] + 1, color="gray", ls=":", lw=1,
                         label=f"exported (epoch {metrics['best_epoch'] + 1})")
+    finite = [y for y in ys if y == y and y > 0]
+    if finite and max(finite) / min(finite) > 8:  # early spikes would flatten the rest
+        ax_loss.set_yscale("log")
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel(f"loss (sum over {ttt} TTT steps)")
     ax_loss.set_title("Loss")
@@ -670,8 +680,8 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
 
     colors = plt.cm.viridis([i / max(1, ttt - 1) * 0.85 for i in range(ttt)])
     for k in range(ttt):
-        full = [e["val"]["full_acc"][k] for e in epochs if "val" in e]
-        cond = [e["val"]["cond_acc"][k] for e in epochs if "val" in e]
+        full = [num(e["val"]["full_acc"][k]) for e in epochs if "val" in e]
+        cond = [num(e["val"]["cond_acc"][k]) for e in epochs if "val" in e]
         ax_acc.plot(vx, full, "o-", color=colors[k], label=f"step {k + 1} full")
         ax_acc.plot(vx, cond, "o--", color=colors[k], alpha=0.6, label=f"step {k + 1} conditional")
     ax_acc.set_xlabel("epoch")
