@@ -494,7 +494,8 @@ def summarize(records: list[dict[str, Any]], ttt_steps: int,
         attempts.append({"attempt": a, "bridges": s.get("bridges"),
                          "world_size": s.get("world_size"), "device": s.get("device_name"),
                          "first_global_step": first_step.get(a),
-                         "clean_exit": any(r["attempt"] == a for r in ends)})
+                         "clean_exit": any(r["attempt"] == a and r.get("ok", True)
+                                           for r in ends)})
     return {"epochs": per_epoch, "throughput": throughput, "attempts": attempts}
 
 

@@ -314,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     writer = RecordWriter(job.get("metrics_path"), int(job.get("attempt", 1)), rank)
     setup_logging(writer, rank)
 
-    import torch  # noqa: F401  (after logging: torch import can be slow, log the start first)
-
     bridges = apply_bridges()
     from eagle3_pipeline import hs_backend
 
@@ -336,10 +334,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from speculators.train.cli import main as speculators_main
 
+    ok = False
     try:
         speculators_main(cfg)
+        ok = True
     finally:
-        writer.write("end", device_summary(writer))
+        writer.write("end", {"ok": ok, **device_summary(writer)})
         writer.close()
     return 0
 
