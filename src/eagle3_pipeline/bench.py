@@ -289,10 +289,16 @@ def run(target_json, drafter_dir, manifest_path, train_metrics, prompt_files: di
     return metrics
 
 
+def best_val(train_metrics: dict) -> dict:
+    """Validation metrics of the exported (best) epoch, from drafter/metrics.json."""
+    epochs = [e for e in train_metrics.get("epochs", []) if e.get("val")]
+    best = [e for e in epochs if e["epoch"] == train_metrics.get("best_epoch")]
+    return (best or epochs[-1:] or [{}])[0].get("val", {})
+
+
 def _val_cond_acc(train_metrics: dict) -> list[float]:
-    """Per-TTT-step conditional accuracy of the final validation, from drafter/metrics.json."""
-    val = train_metrics.get("final_val") or {}
-    return list(val.get("cond_acc") or [])
+    """Per-TTT-step conditional accuracy of the exported epoch's validation."""
+    return [a for a in best_val(train_metrics).get("cond_acc") or [] if a is not None]
 
 
 def summarize(runs: list[dict]) -> dict[str, Any]:

@@ -150,10 +150,12 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
             ["generation tokens/s (last run)",
              _fmt((synth.get("this_run") or {}).get("completion_tokens_per_s"))],
         ]),
-        ("table", ["prompt source", "read", "kept", "skipped"], [
-            [name, _fmt(s.get("rows_read")), _fmt(s.get("kept", s.get("sampled"))),
-             _fmt(s.get("skipped"))]
-            for name, s in (prompts.get("sources") or {}).items()]),
+        ("table", ["prompt source", "use", "rows read", "usable", "skipped (bad)",
+                   "duplicates", "sampled"], [
+            [name, use, _fmt(s.get("rows_read")), _fmt(s.get("kept")),
+             ", ".join(f"{k} {v}" for k, v in (s.get("skipped") or {}).items() if v) or "0",
+             _fmt(s.get("duplicates")), _fmt(s.get("sampled"))]
+            for use in ("train", "bench") for name, s in (prompts.get(use) or {}).items()]),
     ]))
 
     out.append(("Training rows and vocabulary", [
@@ -181,16 +183,26 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
         ]),
     ]))
 
-    final_val = train.get("final_val") or {}
+    from .bench import best_val
+
+    val = best_val(train)
+    tp = train.get("throughput") or {}
+    acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
     out.append(("Training", [
         ("table", ["", ""], [
-            ["epochs", _fmt(train.get("epochs"))],
-            ["final validation loss", _fmt(final_val.get("loss"))],
-            ["validation full accuracy per TTT step", _fmt(final_val.get("full_acc"))],
-            ["validation conditional accuracy per TTT step", _fmt(final_val.get("cond_acc"))],
-            ["training tokens/s", _fmt(train.get("tokens_per_s"))],
-            ["wall time (s)", _fmt(train.get("elapsed_s"))],
+            ["epochs (exported: best by validation loss)",
+             f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"],
+            ["validation loss", _fmt(val.get("loss"))],
+            ["validation full accuracy per TTT step", acc(val.get("full_acc"))],
+            ["validation conditional accuracy per TTT step", acc(val.get("cond_acc"))],
+            ["training tokens/s", _fmt(tp.get("tokens_per_s"))],
+            ["loader wait share of step time", _fmt(tp.get("loader_wait_fraction"))],
+            ["wall time (s)", _fmt(train.get("wall_s"))],
         ]),
+        ("table", ["epoch", "train loss", "val loss", "val full acc", "val cond acc"], [
+            [e["epoch"], _fmt(e["train"]["loss"]), _fmt((e.get("val") or {}).get("loss")),
+             acc((e.get("val") or {}).get("full_acc")), acc((e.get("val") or {}).get("cond_acc"))]
+            for e in train.get("epochs", [])]),
         ("img", "train"),
     ]))
 
