@@ -132,7 +132,7 @@ def _parse_id_arrays(buf, budget, ids, lengths):
     digits = 0
     m = 0
     for i in range(buf.shape[0]):
-        c = buf[i]
+        c = int(buf[i])
         if 48 <= c <= 57:  # digit
             if not inside or digits == MAX_FAST_DIGITS:
                 return -1
