@@ -14,8 +14,8 @@ context for the same reason.
 
 A row is dropped, and counted by reason in ``stats.json``, when it is malformed (see
 :func:`check_record`) or when no trainable token survives truncation (the prompt alone fills
-``seq_length``). The ``vocab`` stage applies the very same checks and truncation (it imports
-:func:`check_record` and :func:`truncate_lengths` from here), so its token counts are exactly
+``seq_length``). The ``vocab`` stage applies the very same checks and truncation (it uses
+:func:`rows_of_chunk` and :func:`truncate_lengths` from here), so its token counts are exactly
 the loss-masked tokens of this data set.
 
 The data set is an HF Arrow data set (``datasets.save_to_disk``) in the layout
@@ -33,7 +33,7 @@ import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zstandard
@@ -123,22 +123,41 @@ def iter_line_chunks(path: str | os.PathLike, chunk_bytes: int = READ_CHUNK_BYTE
             yield rest
 
 
-def iter_checked_records(path: str | os.PathLike, progress: Progress | None = None
-                         ) -> Iterator[tuple[dict | None, Any]]:
-    """``(record, (prompt_ids, completion_ids))`` per non-blank line, or ``(None|record, reason)``.
+NO_TRAINABLE = "no_trainable_tokens"
 
-    Lines that are not JSON give reason ``invalid_json``.
-    """
-    for chunk in iter_line_chunks(path, progress=progress):
-        for line in chunk.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                yield None, "invalid_json"
-                continue
-            yield rec, check_record(rec)
+
+class Row(NamedTuple):
+    """A training row before it is written: ``(prompt + completion)[:seq_len]``, with the first
+    ``n_trainable`` completion tokens trained."""
+
+    sample_id: str
+    prompt: list[int]
+    completion: list[int]
+    seq_len: int
+    n_trainable: int
+
+
+def rows_of_chunk(chunk: bytes, seq_length: int) -> Iterator[Row | str]:
+    """For each non-blank line of ``chunk``: its training :class:`Row`, or why it is dropped
+    (``invalid_json``, a :func:`check_record` reason, or ``no_trainable_tokens``)."""
+    for line in chunk.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            yield "invalid_json"
+            continue
+        checked = check_record(rec)
+        if isinstance(checked, str):
+            yield checked
+            continue
+        prompt, completion = checked
+        seq_len, n_trainable = truncate_lengths(len(prompt), len(completion), seq_length)
+        if n_trainable == 0:
+            yield NO_TRAINABLE
+            continue
+        yield Row(rec["id"], prompt, completion, int(seq_len), int(n_trainable))
 
 
 def percentiles(values: np.ndarray, qs=(0, 5, 25, 50, 75, 95, 99, 100)) -> dict[str, float]:
@@ -185,25 +204,20 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
             v.clear()
 
     with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for rec, checked in iter_checked_records(records_path, progress):
-            rows_in += 1
-            if isinstance(checked, str):
-                dropped[checked] += 1
-                continue
-            prompt, completion = checked
-            seq_len, n_train = (int(x) for x in truncate_lengths(len(prompt), len(completion),
-                                                                 seq_length))
-            if n_train == 0:
-                dropped["no_trainable_tokens"] += 1
-                continue
-            truncated += len(prompt) + len(completion) > seq_len
-            tokens_trainable += n_train
-            batch["input_ids"].append((prompt + completion)[:seq_len])
-            batch["loss_mask"].append([0] * len(prompt) + [1] * n_train)
-            batch["seq_len"].append(seq_len)
-            batch["sample_id"].append(rec["id"])
-            if len(batch["seq_len"]) >= WRITE_BATCH_ROWS:
-                flush(writer)
+        for chunk in iter_line_chunks(records_path, progress=progress):
+            for row in rows_of_chunk(chunk, seq_length):
+                rows_in += 1
+                if isinstance(row, str):
+                    dropped[row] += 1
+                    continue
+                truncated += len(row.prompt) + len(row.completion) > row.seq_len
+                tokens_trainable += row.n_trainable
+                batch["input_ids"].append((row.prompt + row.completion)[: row.seq_len])
+                batch["loss_mask"].append([0] * len(row.prompt) + [1] * row.n_trainable)
+                batch["seq_len"].append(row.seq_len)
+                batch["sample_id"].append(row.sample_id)
+                if len(batch["seq_len"]) >= WRITE_BATCH_ROWS:
+                    flush(writer)
         flush(writer)
 
     lens = np.concatenate(seq_lens) if seq_lens else np.zeros(0, dtype=np.int64)
@@ -246,15 +260,18 @@ def build_dataset(records_path: str | os.PathLike, dataset_dir: str | os.PathLik
                  stats["tokens_trainable"], stats["tokens_total"])
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # tqdm bars make unreadable job logs
-        ds = datasets.Dataset.from_file(str(tmp / "rows.arrow"))
-        ds = ds.shuffle(seed=seed, indices_cache_file_name=str(tmp / "shuffle-indices.arrow"))
-        # speculators' preprocessing saves its data sets in torch format; ArrowDataset relies on
-        # it (`self.data[i]["input_ids"]` is compared with torch.equal).
-        ds.set_format(type="torch")
-        ds.save_to_disk(str(tmp / "dataset"))
-        del ds
-        if bars:
-            datasets.enable_progress_bars()
+        try:
+            ds = datasets.Dataset.from_file(str(tmp / "rows.arrow"))
+            ds = ds.shuffle(seed=seed,
+                            indices_cache_file_name=str(tmp / "shuffle-indices.arrow"))
+            # speculators' preprocessing saves its data sets in torch format; ArrowDataset relies
+            # on it (`self.data[i]["input_ids"]` is compared with torch.equal).
+            ds.set_format(type="torch")
+            ds.save_to_disk(str(tmp / "dataset"))
+            del ds
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
         if dataset_dir.exists():
             shutil.rmtree(dataset_dir)
         os.replace(tmp / "dataset", dataset_dir)

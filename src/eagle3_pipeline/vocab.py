@@ -2,8 +2,8 @@
 
 Counted are exactly the tokens the drafter is trained on: the loss-masked (completion) tokens of
 the rows the ``prepare`` stage keeps, after its truncation to ``seq_length``. Both stages use
-:func:`eagle3_pipeline.prepare.check_record` and :func:`eagle3_pipeline.prepare.truncate_lengths`,
-so ``token_freq.sum()`` equals ``tokens_trainable`` of ``prepare/stats.json``.
+:func:`eagle3_pipeline.prepare.rows_of_chunk` (the exact way) and
+:func:`eagle3_pipeline.prepare.truncate_lengths` (also in the fast way), so ``token_freq.sum()`` equals ``tokens_trainable`` of ``prepare/stats.json``.
 
 The map is the ``K`` most frequent tokens, in the format of speculators 0.9
 (``speculators.train.vocab_mapping.build_vocab_mappings_from_distribution``, byte for byte):
@@ -19,13 +19,14 @@ Counting streams the zstd JSONL in chunks of whole lines. Two ways, same result:
   the well-formed case (arrays of 1..9-digit non-negative integers); any chunk with anything else
   (a malformed row, an id >= V, a 10-digit id) is redone with the ``json`` way, which decides it.
 
-Decompression runs in a background thread (zstd releases the GIL) ahead of the parsing.
+The steps run as a pipeline of three threads: zstd decompression and the numba kernels release
+the GIL, so on two free cores they overlap with msgspec.
 """
 
 from __future__ import annotations
 
 import functools
-import json
+import itertools
 import logging
 import os
 import queue
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .fileio import atomic_path, read_json, write_json
-from .prepare import check_record, iter_line_chunks, truncate_lengths
+from .prepare import NO_TRAINABLE, iter_line_chunks, rows_of_chunk, truncate_lengths
 from .provenance import provenance
 from .runtime import Progress
 
@@ -88,29 +89,16 @@ class _Tally:
 
 
 def _count_chunk_exact(chunk: bytes, seq_length: int, tally: _Tally) -> None:
-    """The reference way: stdlib json and the shared row checks, line by line."""
+    """The reference way: the rows exactly as the prepare stage makes them."""
     parts: list[list[int]] = []
-    for line in chunk.split(b"\n"):
-        if not line.strip():
-            continue
+    for row in rows_of_chunk(chunk, seq_length):
         tally.rows_in += 1
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            tally.dropped["invalid_json"] += 1
-            continue
-        checked = check_record(rec)
-        if isinstance(checked, str):
-            tally.dropped[checked] += 1
-            continue
-        prompt, completion = checked
-        _, n_trainable = truncate_lengths(len(prompt), len(completion), seq_length)
-        if n_trainable == 0:
-            tally.dropped["no_trainable_tokens"] += 1
+        if isinstance(row, str):
+            tally.dropped[row] += 1
             continue
         tally.rows_counted += 1
-        parts.append(completion[: int(n_trainable)])
-    ids = np.fromiter((t for p in parts for t in p), dtype=np.int64)
+        parts.append(row.completion[: row.n_trainable])
+    ids = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int64)
     tally.check_ids(ids)
     tally.counts += np.bincount(ids, minlength=tally.vocab_size)
     tally.chunks_exact += 1
@@ -164,8 +152,13 @@ def _parse_id_arrays(buf, budget, ids, lengths):
 
 
 def _add_counts(counts, ids, m):
+    """Count ``ids[:m]``; False (and nothing counted) if one is not below ``len(counts)``."""
+    for i in range(m):
+        if ids[i] >= counts.shape[0]:
+            return False
     for i in range(m):
         counts[ids[i]] += 1
+    return True
 
 
 @functools.cache
@@ -193,17 +186,27 @@ def fast_available() -> bool:
     return _fast_tools() is not None
 
 
-def _count_chunk_fast(chunk: bytes, seq_length: int, tally: _Tally, tools: dict) -> bool:
-    """Count a chunk of well-formed rows; False (and nothing counted) if it is not one."""
+def _decode_chunk(chunk: bytes, tools: dict) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """Fast way, step 1 (holds the GIL): the row count and the raw id arrays of all rows,
+    prompts and completions each back to back; None if msgspec refuses the chunk."""
     try:
         rows = tools["decoder"].decode_lines(chunk)
     except tools["error"]:
-        return False
-    n = len(rows)
-    if n == 0:
-        return True
+        return None
     prompts = np.frombuffer(b"".join([r.prompt_token_ids for r in rows]), dtype=np.uint8)
     completions = np.frombuffer(b"".join([r.completion_token_ids for r in rows]), dtype=np.uint8)
+    return len(rows), prompts, completions
+
+
+def _count_decoded(decoded: tuple[int, np.ndarray, np.ndarray] | None, seq_length: int,
+                   tally: _Tally, tools: dict) -> bool:
+    """Fast way, step 2 (numba, releases the GIL): count; False (and nothing counted) unless
+    every row is well-formed and every counted id is below the vocab size."""
+    if decoded is None:
+        return False
+    n, prompts, completions = decoded
+    if n == 0:
+        return True
     n_prompt = np.empty(n, dtype=np.int64)
     if tools["parse"](prompts, np.zeros(n, dtype=np.int64), np.empty(0, dtype=np.int64),
                       n_prompt) < 0:
@@ -212,19 +215,18 @@ def _count_chunk_fast(chunk: bytes, seq_length: int, tally: _Tally, tools: dict)
     _, budget = truncate_lengths(n_prompt, seq_length, seq_length)
     ids = np.empty(completions.shape[0] // 2 + 1, dtype=np.int64)
     n_completion = np.empty(n, dtype=np.int64)
-    m = tools["parse"](completions, budget.astype(np.int64), ids, n_completion)
+    m = tools["parse"](completions, budget.astype(np.int64, copy=False), ids, n_completion)
     if m < 0:
         return False
     _, n_trainable = truncate_lengths(n_prompt, n_completion, seq_length)
     assert m == int(n_trainable.sum()), "kernel disagrees with truncate_lengths"
-    if m and int(ids[:m].max()) >= tally.vocab_size:
-        return False  # the exact way reports it
-    tools["add"](tally.counts, ids, m)
+    if not tools["add"](tally.counts, ids, m):
+        return False  # an id >= vocab size: the exact way reports it
     tally.rows_in += n
     no_train = int(np.count_nonzero(n_trainable == 0))
     tally.rows_counted += n - no_train
     if no_train:
-        tally.dropped["no_trainable_tokens"] += no_train
+        tally.dropped[NO_TRAINABLE] += no_train
     tally.chunks_fast += 1
     return True
 
@@ -266,17 +268,30 @@ def prefetch(items: Iterable, depth: int = 8) -> Iterator:
 
 def count_tokens(records_path: str | os.PathLike, vocab_size: int, seq_length: int,
                  method: str = "auto", chunk_bytes: int = COUNT_CHUNK_BYTES,
-                 progress: Progress | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    """Counts (int64 [vocab_size]) of the trainable tokens of the synth records, and stats."""
+                 progress: Progress | None = None, prefetch_chunks: int = 8
+                 ) -> tuple[np.ndarray, dict[str, Any]]:
+    """Counts (int64 [vocab_size]) of the trainable tokens of the synth records, and stats.
+
+    ``method``: "fast", "json" or "auto" (fast when msgspec and numba are there).
+    ``prefetch_chunks``: decompressed chunks read ahead by a background thread (0: no thread).
+    """
     if method not in COUNT_METHODS:
         raise ValueError(f"method must be one of {COUNT_METHODS}, got {method!r}")
     tools = _fast_tools() if method in ("auto", "fast") else None
     if method == "fast" and tools is None:
         raise RuntimeError("the fast way needs msgspec and numba")
     tally = _Tally(vocab_size)
-    for chunk in prefetch(iter_line_chunks(records_path, chunk_bytes, progress)):
-        if tools is None or not _count_chunk_fast(chunk, seq_length, tally, tools):
+    # A pipeline of generators; with prefetching each step runs in its own thread:
+    # zstd (releases the GIL) -> msgspec (holds it) -> numba kernels here (release it).
+    ahead = (lambda it: prefetch(it, prefetch_chunks)) if prefetch_chunks > 0 else iter
+    chunks = ahead(iter_line_chunks(records_path, chunk_bytes, progress))
+    if tools is None:
+        for chunk in chunks:
             _count_chunk_exact(chunk, seq_length, tally)
+    else:
+        for chunk, decoded in ahead((c, _decode_chunk(c, tools)) for c in chunks):
+            if not _count_decoded(decoded, seq_length, tally, tools):
+                _count_chunk_exact(chunk, seq_length, tally)
     stats = tally.summary()
     stats["method"] = "fast" if tools is not None else "json"
     return tally.counts, stats
