@@ -370,14 +370,17 @@ def plot_coverage(curve: np.ndarray, k: int, how: str, target_coverage: float,
     ax.plot(ks, 100 * curve, color="tab:blue", lw=2, label="top-K coverage")
     ax.set_xscale("log")
     ax.set_xlim(1, vocab_size)
-    ax.set_ylim(0, 101)
+    ax.set_ylim(0, 102)
     ax.axvline(k, color="tab:red", ls="--", lw=1.5, label=f"draft vocab K = {k:,} ({how})")
     ax.axhline(100 * target_coverage, color="gray", ls=":", lw=1.2,
                label=f"target coverage {100 * target_coverage:.1f} %")
     cov = float(curve[k - 1])
     ax.plot([k], [100 * cov], "o", color="tab:red")
+    # The curve rises and bends down: below right of the point is free, unless at the edge.
+    left = np.log(k) > 0.8 * np.log(vocab_size)
     ax.annotate(f"K = {k:,}\n{100 * cov:.2f} % covered", xy=(k, 100 * cov),
-                xytext=(-12, -14), textcoords="offset points", ha="right", va="top",
+                xytext=(-12 if left else 12, -14), textcoords="offset points",
+                ha="right" if left else "left", va="top",
                 fontsize=11, color="tab:red",
                 bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red", "alpha": 0.9})
     ax.set_xlabel(f"draft vocabulary size K (most frequent tokens first; target vocab "
