@@ -83,11 +83,15 @@ def test_k_larger_than_distinct_fills_with_smallest_unseen_ids():
     assert t2d.sum() == 5
 
 
-def test_k_equal_v_is_identity_and_k_above_v_is_refused():
+def test_k_equal_v_is_identity_and_k_above_v_is_refused(spec_build):
     counts = np.array([3, 0, 1, 7, 0])
     d2t, t2d = vocab.build_vocab_mappings(counts, 5)
     assert d2t.tolist() == [0, 0, 0, 0, 0]
     assert t2d.all()
+    assert_same_as_speculators(spec_build, counts, 5)
+    # speculators cannot build K > V either (it fails indexing t2d); we say why instead
+    with pytest.raises(IndexError):
+        spec_build({0: 3, 2: 1, 3: 7}, 6, 5)
     with pytest.raises(ValueError, match="must be in"):
         vocab.build_vocab_mappings(counts, 6)
     with pytest.raises(ValueError, match="must be in"):
