@@ -237,20 +237,24 @@ def prefetch(items: Iterable, depth: int = 8) -> Iterator:
     stop = threading.Event()
     end = object()
 
+    def put(entry) -> bool:
+        """Queue ``entry`` unless the consumer has gone; False once it has."""
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put((True, item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((True, item)):
                     return
-            q.put((True, end))
+            put((True, end))
         except BaseException as exc:  # handed to the consumer
-            q.put((False, exc))
+            put((False, exc))
 
     thread = threading.Thread(target=produce, name="prefetch", daemon=True)
     thread.start()
