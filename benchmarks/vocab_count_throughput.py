@@ -16,12 +16,16 @@ tokens/s side by side:
   polars-ndjson     polars' NDJSON reader on each decompressed chunk (list columns), bincount
   pyarrow-json      pyarrow.json.read_json on each chunk (explicit schema), bincount
   msgspec-raw+np    msgspec hands over the raw array bytes, numpy.fromstring parses the digits
-  fast              the library's fast way: msgspec raw arrays + a numba kernel
-  ... (1 thread)    the same without the background decompression thread
+  fast              the library's fast way: msgspec raw arrays + a numba kernel, zstd in a
+                    background thread (2 threads)
+  fast (1 thread)   the same without the background decompression thread
+  fast (3 threads)  the same with msgspec in a third thread (the numba step releases the GIL)
 
 Tokens/s counts completion tokens counted (the benchmark's seq_length keeps them all), per wall
-second; "tok/CPU-s" divides by the process CPU time instead (less sensitive to other load on
-a shared machine; above wall speed when two threads overlap).
+second; "tok/CPU-s" divides by the process CPU time instead: the speed of one free core, less
+sensitive to other load on a shared machine (below the wall speed when threads overlap, as their
+CPU seconds add up). The load average is printed before and after: on a busy machine the wall
+numbers drop.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ def make_corpus(path: Path, tokens: int, seed: int) -> dict:
 
 
 def corpus(args) -> tuple[Path, dict]:
-    path = Path(args.corpus or f"/tmp/eagle3-vocab-bench/synth-{args.tokens}-s{args.seed}.jsonl.zst")
+    default = f"/tmp/eagle3-vocab-bench/synth-{args.tokens}-s{args.seed}.jsonl.zst"
+    path = Path(args.corpus or default)
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():
         return path, fileio.read_json(meta)
@@ -104,7 +109,7 @@ def corpus(args) -> tuple[Path, dict]:
 
 def decompress_only(path, seq_length, chunk_bytes):
     n = 0
-    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes)):
+    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32):
         n += chunk.count(b"\n")
     return None
 
@@ -122,6 +127,19 @@ def lib_fast_1thread(path, seq_length, chunk_bytes):
                               prefetch_chunks=0)[0]
 
 
+def fast_3threads(path, seq_length, chunk_bytes):
+    """The fast way with the msgspec step in a thread of its own as well (not what the library
+    does: measured slower on two cores)."""
+    tools = vocab._fast_tools()
+    tally = vocab._Tally(VOCAB)
+    chunks = vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32)
+    decoded_chunks = ((c, vocab._decode_chunk(c, tools)) for c in chunks)
+    for chunk, decoded in vocab.prefetch(decoded_chunks, 32):
+        if not vocab._count_decoded(decoded, seq_length, tally, tools):
+            vocab._count_chunk_exact(chunk, seq_length, tally)
+    return tally.counts
+
+
 def _bincount_rows(prompt_lens, completions, seq_length, counts):
     _, keep = truncate_lengths(np.asarray(prompt_lens), np.array([len(c) for c in completions]),
                                seq_length)
@@ -136,7 +154,7 @@ def msgspec_list(path, seq_length, chunk_bytes):
                                     ("completion_token_ids", list[int])])
     dec = msgspec.json.Decoder(row)
     counts = np.zeros(VOCAB, dtype=np.int64)
-    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes)):
+    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32):
         rows = dec.decode_lines(chunk)
         _bincount_rows([len(r.prompt_token_ids) for r in rows],
                        [r.completion_token_ids for r in rows], seq_length, counts)
@@ -163,7 +181,7 @@ def polars_ndjson(path, seq_length, chunk_bytes):
 
     schema = {"prompt_token_ids": pl.List(pl.Int64), "completion_token_ids": pl.List(pl.Int64)}
     counts = np.zeros(VOCAB, dtype=np.int64)
-    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes)):
+    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32):
         df = pl.read_ndjson(io.BytesIO(chunk), schema=schema)
         n_prompt = df["prompt_token_ids"].list.len().to_numpy()
         comp = df["completion_token_ids"].to_arrow()
@@ -183,7 +201,7 @@ def pyarrow_json(path, seq_length, chunk_bytes):
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     read = pj.ReadOptions(block_size=max(chunk_bytes, 1 << 20), use_threads=True)
     counts = np.zeros(VOCAB, dtype=np.int64)
-    for chunk in vocab.prefetch(iter_line_chunks(path, max(chunk_bytes, 4 << 20))):
+    for chunk in vocab.prefetch(iter_line_chunks(path, max(chunk_bytes, 4 << 20)), 4):
         table = pj.read_json(io.BytesIO(chunk), read_options=read, parse_options=parse)
         n_prompt = pa.compute.list_value_length(table["prompt_token_ids"]).to_numpy()
         comp = table["completion_token_ids"].combine_chunks()
@@ -200,7 +218,7 @@ def msgspec_raw_numpy(path, seq_length, chunk_bytes):
     dec = msgspec.json.Decoder(row)
     to_commas = bytes.maketrans(b"[]", b" ,")
     counts = np.zeros(VOCAB, dtype=np.int64)
-    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes)):
+    for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32):
         rows = dec.decode_lines(chunk)
         n_prompt = np.array([bytes(r.prompt_token_ids).count(b",") + 1 for r in rows])
         raw = [bytes(r.completion_token_ids) for r in rows]
@@ -219,6 +237,7 @@ APPROACHES = {
     "pyarrow-json": pyarrow_json,
     "msgspec-raw+np": msgspec_raw_numpy,
     "fast (1 thread)": lib_fast_1thread,
+    "fast (3 threads)": fast_3threads,
     "fast": lib_fast,
 }
 
@@ -244,8 +263,9 @@ def main() -> None:
     tools_ok = vocab.fast_available()
     print(f"msgspec+numba available: {tools_ok} (import + JIT/cache load "
           f"{time.perf_counter() - t0:.2f} s, not timed below)")
+    load_start = os.getloadavg()[0]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+          f"load average {load_start:.2f} at start")
 
     reference, ref_stats = vocab.count_tokens(path, VOCAB, args.seq_length, method="fast"
                                               if tools_ok else "json")
@@ -281,11 +301,14 @@ def main() -> None:
         results.append(row)
         print(f"{name:18s} {tokens / best / 1e6:10.1f} M {tokens / med / 1e6:11.1f} M "
               f"{tokens / cpu / 1e6:9.1f} M {best:7.2f}  {check}", flush=True)
-    print(f"\nload average at end {os.getloadavg()[0]:.2f}")
+    load_end = os.getloadavg()[0]
+    print(f"\nload average at end {load_end:.2f}")
     if args.json_out:
         fileio.write_json(args.json_out, {"corpus": meta | {"path": str(path)},
                                           "tokens": tokens, "seq_length": args.seq_length,
-                                          "chunk_bytes": args.chunk_bytes, "results": results})
+                                          "chunk_bytes": args.chunk_bytes, "cpus": os.cpu_count(),
+                                          "load_average": [load_start, load_end],
+                                          "results": results})
 
 
 if __name__ == "__main__":

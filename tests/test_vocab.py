@@ -252,7 +252,8 @@ def hand_example(tmp_path, vocab_size=3000):
                             [record("a", [5], completion[:1500]),
                              record("b", [5], completion[1500:])])
     target = tmp_path / "target.json"
-    fileio.write_json(target, {"model_path": "/nowhere", "architecture": {"vocab_size": vocab_size}})
+    fileio.write_json(target, {"model_path": "/nowhere",
+                               "architecture": {"vocab_size": vocab_size}})
     return records, target
 
 

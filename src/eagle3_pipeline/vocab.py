@@ -1,9 +1,10 @@
-"""Draft vocabulary: token frequencies over the trained tokens, the top-K map, coverage (stage ``vocab``).
+"""Draft vocabulary (stage ``vocab``): frequencies of the trained tokens, top-K map, coverage.
 
 Counted are exactly the tokens the drafter is trained on: the loss-masked (completion) tokens of
 the rows the ``prepare`` stage keeps, after its truncation to ``seq_length``. Both stages use
 :func:`eagle3_pipeline.prepare.rows_of_chunk` (the exact way) and
-:func:`eagle3_pipeline.prepare.truncate_lengths` (also in the fast way), so ``token_freq.sum()`` equals ``tokens_trainable`` of ``prepare/stats.json``.
+:func:`eagle3_pipeline.prepare.truncate_lengths` (also in the fast way), so
+``token_freq.sum()`` equals ``tokens_trainable`` of ``prepare/stats.json``.
 
 The map is the ``K`` most frequent tokens, in the format of speculators 0.9
 (``speculators.train.vocab_mapping.build_vocab_mappings_from_distribution``, byte for byte):
@@ -19,8 +20,7 @@ Counting streams the zstd JSONL in chunks of whole lines. Two ways, same result:
   the well-formed case (arrays of 1..9-digit non-negative integers); any chunk with anything else
   (a malformed row, an id >= V, a 10-digit id) is redone with the ``json`` way, which decides it.
 
-The steps run as a pipeline of three threads: zstd decompression and the numba kernels release
-the GIL, so on two free cores they overlap with msgspec.
+Decompression runs in a background thread (zstd releases the GIL), ahead of the parsing.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ AUTO_K_MULTIPLE = 256
 COVERAGE_POINTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 COUNT_METHODS = ("auto", "fast", "json")
 # Decompressed bytes per chunk: small enough to stay in the CPU cache between the steps.
-COUNT_CHUNK_BYTES = 256 << 10
+COUNT_CHUNK_BYTES = 128 << 10
 # Numbers of more digits than this send their chunk to the exact path (no real id is that large).
 MAX_FAST_DIGITS = 9
 
@@ -187,7 +187,7 @@ def fast_available() -> bool:
 
 
 def _decode_chunk(chunk: bytes, tools: dict) -> tuple[int, np.ndarray, np.ndarray] | None:
-    """Fast way, step 1 (holds the GIL): the row count and the raw id arrays of all rows,
+    """Fast way, step 1: the row count and the raw id arrays of all rows,
     prompts and completions each back to back; None if msgspec refuses the chunk."""
     try:
         rows = tools["decoder"].decode_lines(chunk)
@@ -200,7 +200,7 @@ def _decode_chunk(chunk: bytes, tools: dict) -> tuple[int, np.ndarray, np.ndarra
 
 def _count_decoded(decoded: tuple[int, np.ndarray, np.ndarray] | None, seq_length: int,
                    tally: _Tally, tools: dict) -> bool:
-    """Fast way, step 2 (numba, releases the GIL): count; False (and nothing counted) unless
+    """Fast way, step 2 (numba): count; False (and nothing counted) unless
     every row is well-formed and every counted id is below the vocab size."""
     if decoded is None:
         return False
@@ -272,7 +272,7 @@ def prefetch(items: Iterable, depth: int = 8) -> Iterator:
 
 def count_tokens(records_path: str | os.PathLike, vocab_size: int, seq_length: int,
                  method: str = "auto", chunk_bytes: int = COUNT_CHUNK_BYTES,
-                 progress: Progress | None = None, prefetch_chunks: int = 8
+                 progress: Progress | None = None, prefetch_chunks: int = 32
                  ) -> tuple[np.ndarray, dict[str, Any]]:
     """Counts (int64 [vocab_size]) of the trainable tokens of the synth records, and stats.
 
@@ -285,17 +285,15 @@ def count_tokens(records_path: str | os.PathLike, vocab_size: int, seq_length: i
     if method == "fast" and tools is None:
         raise RuntimeError("the fast way needs msgspec and numba")
     tally = _Tally(vocab_size)
-    # A pipeline of generators; with prefetching each step runs in its own thread:
-    # zstd (releases the GIL) -> msgspec (holds it) -> numba kernels here (release it).
-    ahead = (lambda it: prefetch(it, prefetch_chunks)) if prefetch_chunks > 0 else iter
-    chunks = ahead(iter_line_chunks(records_path, chunk_bytes, progress))
-    if tools is None:
-        for chunk in chunks:
+    chunks = iter_line_chunks(records_path, chunk_bytes, progress)
+    if prefetch_chunks > 0:
+        # zstd releases the GIL: decompression overlaps with the parsing. (A third thread for
+        # the numba step was measured too: slower on two cores.)
+        chunks = prefetch(chunks, prefetch_chunks)
+    for chunk in chunks:
+        if tools is None or not _count_decoded(_decode_chunk(chunk, tools), seq_length, tally,
+                                               tools):
             _count_chunk_exact(chunk, seq_length, tally)
-    else:
-        for chunk, decoded in ahead((c, _decode_chunk(c, tools)) for c in chunks):
-            if not _count_decoded(decoded, seq_length, tally, tools):
-                _count_chunk_exact(chunk, seq_length, tally)
     stats = tally.summary()
     stats["method"] = "fast" if tools is not None else "json"
     return tally.counts, stats
