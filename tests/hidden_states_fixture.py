@@ -97,30 +97,14 @@ def _ids(x) -> list[int]:
 
 
 def compute_hidden_states(model, rows: list[list[int]], layer_ids: list[int]):
-    """Yield ``[seq, len(layer_ids), hidden]`` float32 tensors, final layer (= N) last."""
+    """Yield ``[seq, len(layer_ids), hidden]`` float32 tensors, final layer (= N) last, exactly
+    as the extract stage's reference check computes them."""
     import torch
 
-    n_layers = model.config.num_hidden_layers
-    captured: dict[str, Any] = {}
+    from eagle3_pipeline.verify import reference_hidden_states
 
-    def hook(_module, _inputs, output):
-        captured["final"] = output[0] if isinstance(output, tuple) else output
-
-    handle = model.model.layers[-1].register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            for row in rows:
-                ids = torch.tensor([row], dtype=torch.long)
-                out = model(input_ids=ids, output_hidden_states=True)
-                per_layer = []
-                for lid in layer_ids:
-                    if lid == n_layers:
-                        per_layer.append(captured["final"][0])
-                    else:
-                        per_layer.append(out.hidden_states[lid][0])
-                yield torch.stack(per_layer, dim=1).float()
-    finally:
-        handle.remove()
+    for row in rows:
+        yield torch.stack(reference_hidden_states(model, row, layer_ids), dim=1).float()
 
 
 def build(target_dir: str | Path, out_dir: str | Path, rows: list[list[int]],

@@ -356,7 +356,7 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
                 kinds[problem["kind"]] += 1
                 # Text mismatches first: they are the ones that matter.
                 if problem["kind"] == "text" and len(examples) >= 5:
-                    examples = [e for e in examples if e["kind"] == "text"][:4]
+                    examples[:] = [e for e in examples if e["kind"] == "text"][:4]
                 if len(examples) < 5:
                     examples.append(problem)
             yield rec

