@@ -16,6 +16,9 @@ rule train:
         train=config["train"],
         gpus=gpus("train"),
         work_dir=out("train_work"),
+    # On the CPU, training uses every core it is given (capped at --cores); on GPUs the cores
+    # feed the data loader workers.
+    threads: 64
     resources:
         gpus=gpus("train"),
         gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus

