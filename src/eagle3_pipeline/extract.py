@@ -227,9 +227,7 @@ class Extractor:
         row = self.ds[index]
         data = Path(staged).read_bytes()
         tensors = load(data)
-        hidden = tensors["hidden_states"]
-        if shards.SCALES_KEY in tensors:
-            hidden = hidden.float() * tensors[shards.SCALES_KEY].float()
+        hidden = shards.dequantize(tensors)
         check_sample(hidden, tensors["token_ids"], row["input_ids"], len(self.layer_ids),
                      self.hidden)
         hits, checked = self.probe.agreement(hidden[:, -1], row["input_ids"], row["loss_mask"],
@@ -369,7 +367,7 @@ def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg
     disk = check_disk(root, sum(sample_bytes(seq_lens[i], len(layer_ids), arch["hidden_size"],
                                              cfg["storage"]) for i in todo),
                       cfg["disk_margin"])
-    probe = NextTokenProbe(target["model_path"], arch)
+    probe = NextTokenProbe(target["model_path"], arch, cfg["verify_device"])
     staging = root / ".staging" / f"part_{part}"
     staging.mkdir(parents=True, exist_ok=True)
     ex = Extractor(ds, book, probe, layer_ids, arch["hidden_size"], cfg, staging)
@@ -437,10 +435,7 @@ def maybe_reference(target: dict, cfg: dict, book: ShardBook, rows: range,
     samples = []
     for i in list(rows)[:cfg["reference_rows"]]:
         t = load_file(shards.sample_path(book.root, i, book.S))
-        h = t["hidden_states"].float()
-        if shards.SCALES_KEY in t:
-            h = h * t[shards.SCALES_KEY].float()
-        samples.append((ds[i]["input_ids"], h))
+        samples.append((ds[i]["input_ids"], shards.dequantize(t)))
     log.info("reference forward with transformers on %d row(s)", len(samples))
     return reference_errors(target["model_path"], samples, layer_ids,
                             target.get("trust_remote_code", False))

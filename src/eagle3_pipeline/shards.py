@@ -19,6 +19,27 @@ MANIFEST_FORMAT = "eagle3-pipeline/hidden-states@1"
 SCALES_KEY = "hidden_states_scales"
 
 
+def quantize_fp8(hidden_states):
+    """Per-token float8_e4m3fn quantization: (fp8 tensor, float32 scale [seq, 1, 1]).
+    Identical to hs_connectors.fp8_utils, so its FP8Transfer reads our files too."""
+    import torch
+
+    fp8 = torch.float8_e4m3fn
+    fp32 = hidden_states.float()
+    dims = tuple(range(1, fp32.dim()))
+    amax = fp32.abs().amax(dim=dims, keepdim=True)
+    scale = (amax / torch.finfo(fp8).max).clamp(min=1e-12)
+    return (fp32 / scale).to(fp8), scale
+
+
+def dequantize(tensors: dict):
+    """The hidden states of a loaded sample file as float32, whatever its storage."""
+    hidden = tensors["hidden_states"]
+    if SCALES_KEY in tensors:
+        return hidden.float() * tensors[SCALES_KEY].float()
+    return hidden.float()
+
+
 def shard_index(sample: int, samples_per_shard: int) -> int:
     return sample // samples_per_shard
 

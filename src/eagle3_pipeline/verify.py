@@ -70,18 +70,21 @@ def load_tensor(model_dir: Path, pattern: str):
 class NextTokenProbe:
     """Predict the next token from the final-layer hidden state, as the target would."""
 
-    def __init__(self, model_dir: str | Path, arch: dict[str, Any]):
+    def __init__(self, model_dir: str | Path, arch: dict[str, Any], device: str = "auto"):
         import torch
 
+        if device == "auto":  # the server leaves room for a float32 lm_head on GPU hosts
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
         model_dir = Path(model_dir)
-        self.norm_w = load_tensor(model_dir, r"(^|\.)model\.norm\.weight$").float()
+        self.norm_w = load_tensor(model_dir, r"(^|\.)model\.norm\.weight$").float().to(self.device)
         try:
             head = load_tensor(model_dir, r"(^|\.)lm_head\.weight$")
         except FileNotFoundError:
             if not arch.get("tie_word_embeddings"):
                 raise
             head = load_tensor(model_dir, r"(^|\.)embed_tokens\.weight$")
-        self.head = head.float()
+        self.head = head.to(self.device).float()
         self.eps = float(arch.get("rms_norm_eps") or 1e-6)
         # Gemma-family norms scale by (1 + w).
         self.offset = 1.0 if str(arch.get("model_type", "")).startswith("gemma") else 0.0
@@ -90,7 +93,7 @@ class NextTokenProbe:
     def predict(self, h_final):
         import torch
 
-        x = h_final.float()
+        x = h_final.to(self.device).float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x * (self.norm_w + self.offset)) @ self.head.T
 
@@ -106,7 +109,7 @@ class NextTokenProbe:
         if not positions:
             return 0, 0
         idx = torch.tensor(positions)
-        pred = self.predict(h_final[idx]).argmax(-1)
+        pred = self.predict(h_final[idx]).argmax(-1).cpu()
         target = torch.tensor([input_ids[p + 1] for p in positions])
         return int((pred == target).sum()), len(positions)
 

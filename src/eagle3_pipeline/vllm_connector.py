@@ -1,7 +1,7 @@
 """A CPU-capable variant of vLLM's ``ExampleHiddenStatesConnector``.
 
-vLLM loads this module inside the server (``kv_connector_module_path``), so it imports nothing
-from the rest of the pipeline. The stock connector copies hidden states off the GPU through a
+vLLM loads this module inside the server (``kv_connector_module_path``); it imports only the
+light ``shards`` module of the pipeline. The stock connector copies hidden states off the GPU through a
 CUDA stream into pinned memory, which fails on a CPU build (``pin_memory=True requires a CUDA
 ... backend``). On CUDA with bf16 storage of a bf16 server this class behaves exactly like the stock one;
 otherwise it converts on the device (bf16, or fp8) and copies synchronously. With ``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled
@@ -21,8 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-SCALES_KEY = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY
-
+from eagle3_pipeline.shards import SCALES_KEY, quantize_fp8
 
 class _Done:
     """Stands in for a CUDA event once a CPU copy has finished."""
@@ -32,16 +31,6 @@ class _Done:
 
     def synchronize(self) -> None:
         return None
-
-
-def quantize_fp8(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token float8_e4m3fn quantization, identical to hs_connectors.fp8_utils."""
-    fp8 = torch.float8_e4m3fn
-    fp32 = hidden_states.float()
-    dims = tuple(range(1, fp32.dim()))
-    amax = fp32.abs().amax(dim=dims, keepdim=True)
-    scale = (amax / torch.finfo(fp8).max).clamp(min=1e-12)
-    return (fp32 / scale).to(fp8), scale
 
 
 class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
