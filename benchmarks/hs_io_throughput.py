@@ -108,12 +108,14 @@ def main() -> None:
                  "layers": args.layers, "device": dev, "file_mb": mb / 1e6,
                  "bytes_per_token": mb / args.seq,
                  "writer_gb_s": mb / w / 1e9, "validator_gb_s": mb / v / 1e9,
-                 "validator_tokens_s": args.seq / v, "writer_s": w, "validator_s": v}
+                 "validator_tokens_s": args.seq / v, "writer_s": w, "validator_s": v,
+                 "validator_s_per_phase": {k: round(x / len(rows), 4)
+                                           for k, x in ex.timings.items()}}
             results.append(r)
             print(f"hidden {hidden:5d} {storage:5s} {dev}: file {r['file_mb']:.1f} MB "
                   f"({r['bytes_per_token']:.0f} B/token); writer {r['writer_gb_s']:.2f} GB/s, "
                   f"validator {r['validator_gb_s']:.2f} GB/s = {r['validator_tokens_s']:,.0f} "
-                  "tokens/s", flush=True)
+                  f"tokens/s; per sample {r['validator_s_per_phase']}", flush=True)
             shutil.rmtree(root)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

@@ -219,24 +219,37 @@ class Extractor:
         self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
         self.hits = self.checked = 0
         self.failures: list[dict] = []
+        self.timings: dict[str, float] = {}  # validator seconds per phase (all samples)
 
     def store(self, index: int, staged: str) -> dict:
-        """Verify a staged file and move it into its shard (runs in a worker thread)."""
+        """Verify a staged file and move it into its shard (runs in a worker thread).
+
+        The checks run where the probe's lm_head lives (a GPU when the job has one)."""
         from safetensors.torch import load
 
+        clock = time.perf_counter
+        t = [clock()]
         row = self.ds[index]
         data = Path(staged).read_bytes()
+        t.append(clock())
         tensors = load(data)
-        hidden = shards.dequantize(tensors)
+        t.append(clock())
+        hidden = shards.dequantize(tensors, self.probe.device)
         check_sample(hidden, tensors["token_ids"], row["input_ids"], len(self.layer_ids),
                      self.hidden)
+        t.append(clock())
         hits, checked = self.probe.agreement(hidden[:, -1], row["input_ids"], row["loss_mask"],
                                              self.cfg["agreement_positions_per_sample"])
+        t.append(clock())
+        digest = sha256_bytes(data)
         dest = shards.sample_path(self.book.root, index, self.book.S)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, dest)
+        t.append(clock())
+        for phase, a, b in zip(("read", "parse", "checks", "probe", "hash_move"), t, t[1:]):
+            self.timings[phase] = self.timings.get(phase, 0.0) + (b - a)
         return {"index": index, "tokens": len(row["input_ids"]), "bytes": len(data),
-                "sha256": sha256_bytes(data), "agree": [hits, checked]}
+                "sha256": digest, "agree": [hits, checked]}
 
     async def run(self, base_url: str, model: str, todo: list[int], progress: Progress,
                   check_alive) -> None:
@@ -417,6 +430,7 @@ def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg
         "verification": verification, "disk": disk,
         "this_run": {"samples": len(todo), "tokens": tokens_this_run,
                      "elapsed_s": round(elapsed, 2),
+                     "validator_s_per_phase": {k: round(v, 2) for k, v in ex.timings.items()},
                      "tokens_per_s": round(tokens_this_run / elapsed, 1) if todo else None},
         "provenance": provenance(cfg, inputs={"dataset": dataset_dir, "target": target_json}),
     }

@@ -32,12 +32,15 @@ def quantize_fp8(hidden_states):
     return (fp32 / scale).to(fp8), scale
 
 
-def dequantize(tensors: dict):
-    """The hidden states of a loaded sample file as float32, whatever its storage."""
+def dequantize(tensors: dict, device=None):
+    """The hidden states of a loaded sample file, on ``device``: fp8 files are scaled back to
+    float32; bf16 ones keep their dtype (no copy on the CPU)."""
     hidden = tensors["hidden_states"]
+    if device is not None:
+        hidden = hidden.to(device, non_blocking=True)
     if SCALES_KEY in tensors:
-        return hidden.float() * tensors[SCALES_KEY].float()
-    return hidden.float()
+        return hidden.float() * tensors[SCALES_KEY].to(hidden.device).float()
+    return hidden
 
 
 def shard_index(sample: int, samples_per_shard: int) -> int:

@@ -127,7 +127,7 @@ def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):
                                                     else out))
     try:
         with torch.no_grad():
-            out = model(torch.tensor([input_ids]), output_hidden_states=True)
+            out = model(torch.tensor([input_ids], device=model.device), output_hidden_states=True)
     finally:
         hook.remove()
     n = len(layers)
@@ -147,18 +147,23 @@ def model_fits(model_dir: str | Path, fraction_of_ram: float = 0.4) -> bool:
 def reference_errors(model_dir: str | Path, samples: list[tuple[list[int], Any]],
                      layer_ids: list[int], trust_remote_code: bool = False) -> dict[str, Any]:
     """Max relative error (Frobenius over each row) per layer between extracted and reference
-    hidden states. ``samples`` are (input_ids, hidden [seq, layers, hidden])."""
+    hidden states. ``samples`` are (input_ids, hidden [seq, layers, hidden]).
+
+    The reference runs in float32, on the GPUs when the job has them (the extraction server
+    has stopped by then; transformers spreads the layers over them), else on the CPU."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    kwargs = {"device_map": "auto"} if torch.cuda.is_available() else {}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code)
+                                                 trust_remote_code=trust_remote_code, **kwargs)
     model.eval()
     per_layer = {str(l): 0.0 for l in layer_ids}
     for ids, hidden in samples:
         refs = reference_hidden_states(model, ids, layer_ids)
         for j, (lid, ref) in enumerate(zip(layer_ids, refs)):
-            got = hidden[:, j].float()
+            ref = ref.float().cpu()
+            got = hidden[:, j].float().cpu()
             err = float((got - ref).norm() / ref.norm().clamp_min(1e-12))
             per_layer[str(lid)] = max(per_layer[str(lid)], err)
     del model
