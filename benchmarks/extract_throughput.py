@@ -6,9 +6,11 @@
 (a) bare prefill: a vLLM server without capture answers each row's token ids as a 1-token
 completion (what extraction costs at the least); (b) extraction: a server with the
 extract_hidden_states method and the pipeline's connector, driven by the extract stage's client
-(verification, next-token probe, checksums, shard journal). Prefix caching is off on both so
+(verification, next-token probe, checksums, shard journal); (c) on that same server, a minimal
+client that only fetches each file and deletes it, in alternating rounds with (b): (c)/(a) is
+what vLLM's capture costs, (b)/(c) what the pipeline's client adds. Prefix caching is off so
 repeated rounds measure the same work. Prompt tokens/s of each, median over rounds, and the
-ratio (goal >= 0.90) are printed; server start-up is excluded.
+ratios (goal (b)/(a) >= 0.90) are printed; server start-up is excluded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,28 @@ from eagle3_pipeline.runtime import Progress, setup_logging  # noqa: E402
 from eagle3_pipeline.server import VllmServer, spec_from_config  # noqa: E402
 
 
+async def minimal_client(base_url: str, model: str, rows: list[list[int]], concurrency: int):
+    import fcntl
+    import os
+
+    import openai
+    from speculators.data_generation.vllm_client import generate_hidden_states_async
+
+    def fetch(path: str) -> None:
+        with open(path + ".lock") as lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)
+        os.unlink(path + ".lock")
+        os.unlink(path)
+
+    sem = asyncio.Semaphore(concurrency)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
+        async def one(ids):
+            async with sem:
+                path, _ = await generate_hidden_states_async(c, model, {"input_ids": ids})
+                await asyncio.to_thread(fetch, path)
+        await asyncio.gather(*(one(r) for r in rows))
+
+
 async def bare_prefill(base_url: str, model: str, rows: list[list[int]], concurrency: int):
     import openai
 
@@ -51,6 +75,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--storage", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--omp-threads", help="OMP_NUM_THREADS for the CPU server")
+    ap.add_argument("--positions", type=int, help="extract.agreement_positions_per_sample")
     ap.add_argument("--out")
     args = ap.parse_args()
     setup_logging(None)
@@ -62,10 +87,12 @@ def main() -> None:
     tokens = sum(len(r) for r in rows)
     cfg = cfglib.validate({"extract": {"concurrency": args.concurrency,
                                        "storage": args.storage}})
+    if args.positions:
+        cfg["extract"]["agreement_positions_per_sample"] = args.positions
     if args.omp_threads:
         cfg["vllm"]["env"]["OMP_NUM_THREADS"] = args.omp_threads
     extra = ["--no-enable-prefix-caching"]
-    rates = {"bare": [], "extract": []}
+    rates = {"bare": [], "extract": [], "minimal": []}
 
     spec = spec_from_config(cfg["vllm"], info["model_path"], extra_args=extra)
     with VllmServer(spec, Path(tempfile.gettempdir()) / "extract-bench-bare.log") as s:
@@ -83,28 +110,44 @@ def main() -> None:
         spec = extract.server_spec(cfg["vllm"], info, aux + [final], staging, cfg["extract"])
         spec.extra_args += extra
         probe = extract.NextTokenProbe(info["model_path"], arch)
+
+        def full(server, r: int, todo: list[int]) -> float:
+            root = Path(tmp) / f"hs{r}"
+            book = extract.ShardBook(root, 64, range(args.rows))
+            ex = extract.Extractor(ds, book, probe, aux + [final], arch["hidden_size"],
+                                   cfg["extract"], staging)
+            t0 = time.monotonic()
+            asyncio.run(ex.run(server.base_url, server.model_name, todo,
+                               Progress(len(todo), "x", every_s=1e9), server.check_alive))
+            dt = time.monotonic() - t0
+            print("  client seconds per phase:", {k: round(v, 2) for k, v in ex.timings.items()})
+            book.close()
+            shutil.rmtree(root)
+            return dt
+
         with VllmServer(spec, Path(tempfile.gettempdir()) / "extract-bench-capture.log") as s:
-            for r in range(args.rounds + 1):  # round 0 warms up
-                root = Path(tmp) / f"hs{r}"
-                book = extract.ShardBook(root, 64, range(args.rows))
-                ex = extract.Extractor(ds, book, probe, aux + [final], arch["hidden_size"],
-                                       cfg["extract"], staging)
-                todo = list(range(2)) if r == 0 else list(range(args.rows))
+            full(s, 0, [0, 1])  # warm-up
+            # alternate the two clients (full, minimal, minimal, full, ...) against drift
+            order = (["full", "minimal", "minimal", "full"] * args.rounds)[: 2 * args.rounds]
+            for r, which in enumerate(order, start=1):
                 t0 = time.monotonic()
-                asyncio.run(ex.run(s.base_url, s.model_name, todo,
-                                   Progress(len(todo), "x", every_s=1e9), s.check_alive))
-                dt = time.monotonic() - t0
-                book.close()
-                shutil.rmtree(root)
-                if r:
-                    rates["extract"].append(tokens / dt)
-                    print(f"extraction    {rates['extract'][-1]:9.1f} tok/s "
-                          f"(agreement {ex.hits / max(ex.checked, 1):.4f})", flush=True)
+                if which == "full":
+                    full(s, r, list(range(args.rows)))
+                    key, label = "extract", "extraction   "
+                else:
+                    asyncio.run(minimal_client(s.base_url, s.model_name, rows, args.concurrency))
+                    key, label = "minimal", "capture only "
+                rates[key].append(tokens / (time.monotonic() - t0))
+                print(f"{label} {rates[key][-1]:9.1f} tok/s", flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     ratio = med["extract"] / med["bare"]
-    print(f"\n{args.rows} rows, {tokens} tokens, concurrency {args.concurrency}: median "
-          f"extraction {med['extract']:.1f} tok/s / bare prefill {med['bare']:.1f} tok/s = "
-          f"{ratio:.3f} (goal >= 0.90)")
+    print(f"\n{args.rows} rows, {tokens} tokens, concurrency {args.concurrency}, medians:\n"
+          f"  extraction / bare prefill   {med['extract']:.1f} / {med['bare']:.1f} = {ratio:.3f}"
+          " (goal >= 0.90)\n"
+          f"  capture only / bare prefill {med['minimal']:.1f} / {med['bare']:.1f} = "
+          f"{med['minimal'] / med['bare']:.3f} (what vLLM's capture costs)\n"
+          f"  extraction / capture only   {med['extract'] / med['minimal']:.3f} "
+          "(what the pipeline's client adds, same server, alternating rounds)")
     if args.out:
         Path(args.out).write_text(json.dumps({"rates": rates, "median": med, "ratio": ratio,
                                               "tokens": tokens, "args": vars(args)}, indent=2))

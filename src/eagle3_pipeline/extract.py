@@ -12,6 +12,7 @@ and redoes the rest; a change of inputs or parameters discards the part's shards
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import logging
 import os
@@ -229,6 +230,14 @@ class Extractor:
 
         clock = time.perf_counter
         t = [clock()]
+        lock = staged + ".lock"
+        if os.path.exists(lock):
+            # The connector holds an exclusive flock while it writes; a shared one sleeps until
+            # it is done (no polling latency holding a request slot).
+            with open(lock) as lf:
+                fcntl.flock(lf, fcntl.LOCK_SH)
+            os.unlink(lock)
+        t.append(clock())
         row = self.ds[index]
         data = Path(staged).read_bytes()
         t.append(clock())
@@ -246,7 +255,8 @@ class Extractor:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, dest)
         t.append(clock())
-        for phase, a, b in zip(("read", "parse", "checks", "probe", "hash_move"), t, t[1:]):
+        for phase, a, b in zip(("wait_write", "read", "parse", "checks", "probe", "hash_move"),
+                               t, t[1:]):
             self.timings[phase] = self.timings.get(phase, 0.0) + (b - a)
         return {"index": index, "tokens": len(row["input_ids"]), "bytes": len(data),
                 "sha256": digest, "agree": [hits, checked]}
@@ -254,8 +264,7 @@ class Extractor:
     async def run(self, base_url: str, model: str, todo: list[int], progress: Progress,
                   check_alive) -> None:
         import openai
-        from speculators.data_generation.vllm_client import (generate_hidden_states_async,
-                                                             wait_for_lock_async)
+        from speculators.data_generation.vllm_client import generate_hidden_states_async
 
         queue: asyncio.Queue = asyncio.Queue()
         for i in todo:
@@ -274,10 +283,7 @@ class Extractor:
                     staged, _ = await generate_hidden_states_async(
                         client, model, {"input_ids": ids}, timeout=self.cfg["request_timeout_s"],
                         max_retries=self.cfg["retries"])
-                    if Path(staged + ".lock").exists():
-                        await wait_for_lock_async(staged + ".lock",
-                                                  timeout=self.cfg["request_timeout_s"])
-                    entry = await asyncio.to_thread(self.store, index, staged)
+                    entry = await loop.run_in_executor(pool, self.store, index, staged)
                 except VerificationError as e:
                     raise ExtractError(f"sample {index}: {e}. The extracted hidden states are "
                                        "wrong; nothing of this sample was kept.") from e
@@ -296,6 +302,15 @@ class Extractor:
                 self.checked += entry["agree"][1]
                 progress.update(1, extra=entry["tokens"])
 
+        import torch
+
+        loop = asyncio.get_running_loop()
+        # A few validator threads with one torch thread each: more would oversubscribe the
+        # cores the server needs (on the CPU) without validating faster.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        pool = ThreadPoolExecutor(max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
+                                  thread_name_prefix="validate")
         async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
             tasks = [asyncio.create_task(worker(c)) for _ in range(self.cfg["concurrency"])]
             try:
@@ -304,6 +319,8 @@ class Extractor:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                pool.shutdown(wait=True)
+                torch.set_num_threads(threads)
 
 
 # ---- the stage -------------------------------------------------------------------------------

@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
+    if v is None or v == {}:
         return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
     if isinstance(v, int):
@@ -140,15 +142,16 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
         ("table", ["", ""], [
             ["samples ok / prompts", f"{_fmt(synth.get('samples_ok'))} / "
                                      f"{_fmt(synth.get('prompts'))}"],
-            ["failed or rejected", _fmt(synth.get("samples_failed"))],
+            ["failed or rejected", _fmt(synth.get("samples_failed")) if synth.get("samples_failed")
+             else "0"],
             ["prompt / completion tokens", f"{_fmt(synth.get('prompt_tokens'))} / "
                                            f"{_fmt(synth.get('completion_tokens'))}"],
             ["finish reasons", _fmt(synth.get("finish_reasons"))],
             ["reasoning capture rate", _fmt(synth.get("reasoning_capture_rate"))],
             ["template check: text mismatches", _fmt(tc.get("text_mismatches"))],
             ["template check: same text, other tokens", _fmt(tc.get("tokenization_only"))],
-            ["generation tokens/s (last run)",
-             _fmt((synth.get("this_run") or {}).get("completion_tokens_per_s"))],
+            ["generation tokens/s (all runs that generated)",
+             _fmt((synth.get("generation") or {}).get("completion_tokens_per_s"))],
         ]),
         ("table", ["prompt source", "use", "rows read", "usable", "skipped (bad)",
                    "duplicates", "sampled"], [

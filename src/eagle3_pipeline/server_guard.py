@@ -19,11 +19,13 @@ import sys
 import time
 
 
-def _kill_group(grace_s: float, child: subprocess.Popen | None) -> None:
+def _kill_group(grace_s: float, child: subprocess.Popen | None, interrupt: bool) -> None:
+    """Stop the group: SIGINT (unless the group already got one), SIGKILL after the grace."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if child is not None and child.poll() is None:
-        os.killpg(0, signal.SIGINT)
+        if interrupt:  # a second SIGINT makes vLLM skip parts of its clean shutdown
+            os.killpg(0, signal.SIGINT)
         try:
             child.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -40,19 +42,22 @@ def main(argv: list[str]) -> int:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != int(parent):  # the job died before the guard was armed
         return 1
-    child: subprocess.Popen | None = None
-
-    def on_signal(signum, frame):
-        _kill_group(grace, child)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    received: list[int] = []
+    # The handler only records the signal: waiting on the child inside it would contend for
+    # Popen's wait lock with the main loop and stall for the whole grace period.
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     child = subprocess.Popen(command)
-    rc = child.wait()
-    print(f"[server_guard] vLLM server exited with code {rc}", flush=True)
+    while child.poll() is None and not received:
+        time.sleep(0.2)
+    if received:
+        # SIGINT comes from VllmServer.stop() to the whole group (the server got it too);
+        # SIGTERM from the kernel when the job died.
+        _kill_group(grace, child, interrupt=received[0] != signal.SIGINT)
+    print(f"[server_guard] vLLM server exited with code {child.returncode}", flush=True)
     time.sleep(0.5)
-    _kill_group(grace, None)
-    return rc
+    _kill_group(grace, None, interrupt=False)
+    return child.returncode or 0
 
 
 if __name__ == "__main__":

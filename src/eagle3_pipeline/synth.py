@@ -309,12 +309,19 @@ def run(target_json, prompts_path, records_out, stats_out, cfg: dict, vllm_cfg: 
     finally:
         journal.close()
     elapsed = time.monotonic() - t0
+    runs = AppendLog(work_dir / "runs.jsonl")
+    runs.open()
+    if outcome:
+        runs.append({"answered": outcome["ok"], "completion_tokens": outcome["completion_tokens"],
+                     "elapsed_s": round(elapsed, 2)})
+    history = runs.read()
+    runs.close()
     return finalize(prompts, journal, records_out, stats_out, cfg, target, prompts_path,
-                    elapsed, outcome)
+                    elapsed, outcome, history)
 
 
 def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, prompts_path,
-             elapsed: float, outcome: Counter) -> dict:
+             elapsed: float, outcome: Counter, history: list[dict]) -> dict:
     from transformers import AutoTokenizer
 
     entries = journal.read()
@@ -376,6 +383,14 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
             "finish_reasons": dict(finish),
             "reasoning_capture_rate": (with_reasoning / ok) if ok else 0.0,
             "reasoning_parser": cfg.get("reasoning_parser"),
+            "generation": {  # every run that generated, resumed ones included
+                "runs": len(history),
+                "completion_tokens": sum(h["completion_tokens"] for h in history),
+                "elapsed_s": round(sum(h["elapsed_s"] for h in history), 2),
+                "completion_tokens_per_s": round(
+                    sum(h["completion_tokens"] for h in history)
+                    / max(sum(h["elapsed_s"] for h in history), 1e-9), 1) if history else None,
+            },
             "this_run": {
                 "answered": outcome["ok"], "rejected": outcome["rejected"],
                 "failed": outcome["failed"], "elapsed_s": round(elapsed, 2),

@@ -34,7 +34,8 @@ def check_sample(hidden: Any, token_ids: Any, row_ids: list[int], num_layers: in
                                 f"[{len(row_ids)}, {num_layers}, {hidden_size}]")
     if token_ids.tolist() != list(row_ids):
         raise VerificationError("token_ids differ from the training row")
-    if not bool(torch.isfinite(hidden).all()):
+    lo, hi = torch.aminmax(hidden)  # NaN and Inf propagate; 15x cheaper than isfinite().all()
+    if not bool(torch.isfinite(torch.stack((lo, hi))).all()):
         raise VerificationError("hidden states contain NaN or Inf")
     zero_rows = int((hidden.abs().amax(dim=-1) == 0).any(dim=-1).sum())
     if zero_rows:
