@@ -25,7 +25,7 @@ from typing import Any
 from . import shards
 from .fileio import AppendLog, read_json, stable_hash, write_json
 from .provenance import provenance
-from .runtime import Progress
+from .runtime import Progress, for_each
 from .server import VllmServer, spec_from_config
 from .target import load_info
 from .verify import NextTokenProbe, VerificationError, check_sample, model_fits, \
@@ -264,45 +264,36 @@ class Extractor:
     async def run(self, base_url: str, model: str, todo: list[int], progress: Progress,
                   check_alive) -> None:
         import openai
+        import torch
         from speculators.data_generation.vllm_client import generate_hidden_states_async
 
-        queue: asyncio.Queue = asyncio.Queue()
-        for i in todo:
-            queue.put_nowait(i)
         failures_in_a_row = 0
 
-        async def worker(client) -> None:
+        async def one(client, index: int) -> None:
             nonlocal failures_in_a_row
-            while True:
-                try:
-                    index = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                ids = self.ds[index]["input_ids"]
-                try:
-                    staged, _ = await generate_hidden_states_async(
-                        client, model, {"input_ids": ids}, timeout=self.cfg["request_timeout_s"],
-                        max_retries=self.cfg["retries"])
-                    entry = await loop.run_in_executor(pool, self.store, index, staged)
-                except VerificationError as e:
-                    raise ExtractError(f"sample {index}: {e}. The extracted hidden states are "
-                                       "wrong; nothing of this sample was kept.") from e
-                except Exception as e:  # noqa: BLE001 - counted, retried on the next run
-                    check_alive()
-                    failures_in_a_row += 1
-                    self.failures.append({"index": index, "error": f"{type(e).__name__}: {e}"})
-                    log.warning("sample %d failed: %s", index, e)
-                    if failures_in_a_row >= max(8, self.cfg["concurrency"]):
-                        raise ExtractError(f"{failures_in_a_row} samples in a row failed "
-                                           f"(last: {e})") from e
-                    continue
-                failures_in_a_row = 0
-                self.book.record(entry)
-                self.hits += entry["agree"][0]
-                self.checked += entry["agree"][1]
-                progress.update(1, extra=entry["tokens"])
-
-        import torch
+            ids = self.ds[index]["input_ids"]
+            try:
+                staged, _ = await generate_hidden_states_async(
+                    client, model, {"input_ids": ids}, timeout=self.cfg["request_timeout_s"],
+                    max_retries=self.cfg["retries"])
+                entry = await loop.run_in_executor(pool, self.store, index, staged)
+            except VerificationError as e:
+                raise ExtractError(f"sample {index}: {e}. The extracted hidden states are "
+                                   "wrong; nothing of this sample was kept.") from e
+            except Exception as e:  # noqa: BLE001 - counted, retried on the next run
+                check_alive()
+                failures_in_a_row += 1
+                self.failures.append({"index": index, "error": f"{type(e).__name__}: {e}"})
+                log.warning("sample %d failed: %s", index, e)
+                if failures_in_a_row >= max(8, self.cfg["concurrency"]):
+                    raise ExtractError(f"{failures_in_a_row} samples in a row failed "
+                                       f"(last: {e})") from e
+                return
+            failures_in_a_row = 0
+            self.book.record(entry)
+            self.hits += entry["agree"][0]
+            self.checked += entry["agree"][1]
+            progress.update(1, extra=entry["tokens"])
 
         loop = asyncio.get_running_loop()
         # A few validator threads with one torch thread each: more would oversubscribe the
@@ -311,16 +302,13 @@ class Extractor:
         torch.set_num_threads(1)
         pool = ThreadPoolExecutor(max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
                                   thread_name_prefix="validate")
-        async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
-            tasks = [asyncio.create_task(worker(c)) for _ in range(self.cfg["concurrency"])]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                pool.shutdown(wait=True)
-                torch.set_num_threads(threads)
+        try:
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY",
+                                          max_retries=0) as client:
+                await for_each(todo, lambda i: one(client, i), self.cfg["concurrency"])
+        finally:
+            pool.shutdown(wait=True)
+            torch.set_num_threads(threads)
 
 
 # ---- the stage -------------------------------------------------------------------------------

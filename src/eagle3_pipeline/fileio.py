@@ -100,9 +100,10 @@ class AppendLog:
     append starts on a clean line.
     """
 
-    def __init__(self, path: str | os.PathLike, fsync_every: int = 64):
+    def __init__(self, path: str | os.PathLike, fsync_every: int = 64, default=None):
         self.path = Path(path)
         self.fsync_every = fsync_every
+        self.default = default  # json.dumps(default=...) for values JSON cannot encode
         self._fh = None
         self._since_sync = 0
 
@@ -139,7 +140,8 @@ class AppendLog:
 
     def append(self, row: dict) -> None:
         assert self._fh is not None, "AppendLog.open() first"
-        self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":"),
+                                  default=self.default) + "\n")
         self._fh.flush()
         self._since_sync += 1
         if self._since_sync >= self.fsync_every:

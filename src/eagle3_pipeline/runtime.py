@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -66,6 +67,25 @@ def run_job(snakemake: Any, fn: Callable[..., Any], gpus_needed: int = 0) -> Any
     except Exception:
         log.exception("%s failed", rule)
         raise
+
+
+async def for_each(items, fn, concurrency: int) -> None:
+    """Await ``fn(item)`` for every item, at most ``concurrency`` at a time (a fixed pool of
+    workers, so memory stays flat however many items there are). The first exception cancels
+    the work in flight and propagates."""
+    pending = iter(items)
+
+    async def worker() -> None:
+        for item in pending:  # one shared iterator: each item goes to exactly one worker
+            await fn(item)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Progress:

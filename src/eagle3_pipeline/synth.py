@@ -29,7 +29,7 @@ from typing import Any
 from .fileio import (AppendLog, atomic_path, iter_jsonl, read_json, sha256_file, stable_hash,
                      write_json, write_jsonl_zst)
 from .provenance import provenance
-from .runtime import Progress
+from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
 from .target import load_info
 
@@ -138,47 +138,33 @@ async def generate(endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: 
     import aiohttp
 
     outcome: Counter = Counter()
-    queue: asyncio.Queue = asyncio.Queue()
-    for p in prompts:
-        queue.put_nowait(p)
     consecutive_transient = 0
 
-    async def worker(session) -> None:
+    async def one(session, prompt: dict) -> None:
         nonlocal consecutive_transient
-        while True:
-            try:
-                prompt = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            try:
-                rec = await answer(session, endpoint, prompt, cfg)
-                journal.append({"status": "ok", **rec})
-                outcome["ok"] += 1
-                outcome["completion_tokens"] += len(rec["completion_token_ids"])
-                consecutive_transient = 0
-                progress.update(1, extra=len(rec["completion_token_ids"]))
-            except Rejected as e:
-                journal.append({"status": "rejected", "id": prompt["id"], "error": str(e)})
-                outcome["rejected"] += 1
-                progress.update(1)
-            except Transient as e:
-                journal.append({"status": "failed", "id": prompt["id"], "error": str(e)})
-                outcome["failed"] += 1
-                consecutive_transient += 1
-                progress.update(1)
-                if consecutive_transient >= max(8, cfg["concurrency"]):
-                    raise SynthError(f"{consecutive_transient} requests in a row failed "
-                                     f"(last: {e}); is the endpoint {endpoint.base_url} up?")
+        try:
+            rec = await answer(session, endpoint, prompt, cfg)
+            journal.append({"status": "ok", **rec})
+            outcome["ok"] += 1
+            outcome["completion_tokens"] += len(rec["completion_token_ids"])
+            consecutive_transient = 0
+            progress.update(1, extra=len(rec["completion_token_ids"]))
+        except Rejected as e:
+            journal.append({"status": "rejected", "id": prompt["id"], "error": str(e)})
+            outcome["rejected"] += 1
+            progress.update(1)
+        except Transient as e:
+            journal.append({"status": "failed", "id": prompt["id"], "error": str(e)})
+            outcome["failed"] += 1
+            consecutive_transient += 1
+            progress.update(1)
+            if consecutive_transient >= max(8, cfg["concurrency"]):
+                raise SynthError(f"{consecutive_transient} requests in a row failed "
+                                 f"(last: {e}); is the endpoint {endpoint.base_url} up?") from e
 
     conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
     async with aiohttp.ClientSession(connector=conn) as session:
-        tasks = [asyncio.create_task(worker(session)) for _ in range(cfg["concurrency"])]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await for_each(prompts, lambda p: one(session, p), cfg["concurrency"])
     return outcome
 
 

@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.fileio import AppendLog
+
 log = logging.getLogger("eagle3_pipeline.train_entry")
 
 
@@ -113,27 +115,25 @@ class RecordWriter:
     """Appends JSON records to ``path`` (rank 0 only), one flushed line each."""
 
     def __init__(self, path: str | Path | None, attempt: int, rank: int):
-        self.enabled = path is not None and rank == 0
         self.attempt = attempt
-        self._fh = None
-        if self.enabled:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._log = AppendLog(path, default=_jsonable) if path is not None and rank == 0 \
+            else None
+        if self._log is not None:
+            self._log.open()
+
+    @property
+    def enabled(self) -> bool:
+        return self._log is not None
 
     def write(self, kind: str, payload: Mapping[str, Any], t: float | None = None) -> None:
-        if not self.enabled:
-            return
-        row = {"kind": kind, "t": time.time() if t is None else t, "attempt": self.attempt,
-               **payload}
-        self._fh.write(json.dumps(row, default=_jsonable, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        if self._log is not None:
+            self._log.append({"kind": kind, "t": time.time() if t is None else t,
+                              "attempt": self.attempt, **payload})
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 def _jsonable(x: Any) -> Any:
