@@ -263,3 +263,26 @@ def test_guard_takes_the_server_tree_down_with_a_killed_job(tmp_path):
 def test_unreachable_endpoint_fails_before_work():
     with pytest.raises(ServerError, match="cannot reach the endpoint"):
         external_endpoint("http://127.0.0.1:9/v1")
+
+
+def test_server_errors_name_the_root_cause_not_only_the_last_lines():
+    """vLLM logs the engine's real error far above its last lines ('Engine core initialization
+    failed'); the error message lifts the exception lines out of the whole log."""
+    from eagle3_pipeline.server import exception_lines
+
+    log = "\n".join([
+        "INFO 11-30 20:59:01 [api_server.py:1] vLLM API server version 0.32.0",
+        "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=77) Traceback (most recent call last):",
+        '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in default_weight_loader',
+        "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight (torch.Size([576, 1721]))"
+        " into parameter (torch.Size([576, 1728]))",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+        "INFO 11-30 20:59:10 [launcher.py:2] No Error: this line is not an exception",
+    ] + [f"filler {i}" for i in range(100)])
+    assert exception_lines(log) == [
+        "AssertionError: Attempted to load weight (torch.Size([576, 1721])) into parameter "
+        "(torch.Size([576, 1728]))",
+        "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert exception_lines("all fine\nINFO ready") == []

@@ -14,6 +14,7 @@ import glob
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +33,23 @@ log = logging.getLogger(__name__)
 
 class ServerError(RuntimeError):
     """The server failed to start or died; the message ends with its last log lines."""
+
+
+# "(EngineCore_DP0 pid=7) ERROR 11-30 20:59:01 [core.py:708] ValueError: ..." -> "ValueError: ..."
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\([^)]*\)\s*)?(?:[A-Z]+ [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?"
+    r"((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$")
+
+
+def exception_lines(log_text: str, limit: int = 5) -> list[str]:
+    """Distinct `SomeError: message` lines of Python tracebacks in a log (a `(EngineCore pid=..)`
+    prefix removed), in order of appearance, at most `limit`."""
+    seen: list[str] = []
+    for line in log_text.splitlines():
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m and m.group(1) not in seen:
+            seen.append(m.group(1)[:500])
+    return seen[:limit]
 
 
 @dataclass
@@ -194,11 +212,11 @@ class VllmServer:
                          self.model_name)
                 return
             time.sleep(1.0)
-        tail = self.tail()
+        tail, cause = self.tail(), self._root_cause()
         self.stop()
         raise ServerError(f"vLLM server did not become healthy within "
                           f"{self.spec.startup_timeout_s:.0f} s (raise vllm.startup_timeout_s "
-                          f"for big models). Last log lines:\n{tail}")
+                          f"for big models).{cause} Last log lines:\n{tail}")
 
     def _get(self, path: str, timeout: float) -> str | None:
         try:
@@ -213,7 +231,20 @@ class VllmServer:
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise ServerError(f"vLLM server exited. Last log lines:\n{self.tail()}")
+            raise ServerError(f"vLLM server exited.{self._root_cause()} Last log lines:\n"
+                              f"{self.tail()}")
+
+    def _root_cause(self) -> str:
+        """The exceptions the server logged, first one first: the engine's own error (e.g. a
+        weight of the wrong shape) sits far above the last lines, which only say that the
+        engine core died."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_start)
+            text = fh.read().decode(errors="replace")
+        causes = exception_lines(text)
+        return (" Errors it logged:\n  " + "\n  ".join(causes) + "\n") if causes else ""
 
     def tail(self, lines: int = 40) -> str:
         """The server's last log lines (those written since it started)."""
