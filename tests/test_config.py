@@ -143,7 +143,7 @@ def test_defaults_are_filled():
 
 def test_the_default_config_is_valid():
     cfg = cfglib.validate(default())
-    assert cfg["vllm"]["device"] == "cpu" and cfg["prompts"]["train"][0]["n"] == 320
+    assert cfg["vllm"]["device"] == "cpu" and cfg["target"]["source"] == "packaged"
     assert cfglib.stage_gpus(cfg, "synth") == 0
 
 
