@@ -67,34 +67,32 @@ def plot_bench(bench: dict, plots_dir: Path) -> dict[str, Path]:
 
     labels = [f"{r['prompt_set']}\nk={r['k']} T={r['temperature']} c={r['concurrency']}"
               for r in runs]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = range(len(runs))
-    ax.bar(xs, [r["acceptance_length"] for r in runs], 0.4, label="measured")
-    ax.bar([x + 0.4 for x in xs], [r.get("predicted_acceptance_length") or 0 for r in runs],
-           0.4, label="predicted by training validation", alpha=0.6)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([x + 0.2 for x in xs])
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("acceptance length τ (tokens per step)")
-    ax.set_title("Acceptance length per prompt set")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out["acceptance_length"] = plots_dir / "acceptance_length.png"
-    fig.savefig(out["acceptance_length"], dpi=110)
-    plt.close(fig)
+    def paired_bars(key: str, first: tuple[str, list], second: tuple[str, list], ylabel: str,
+                    title: str, hline: float | None = None) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = range(len(runs))
+        ax.bar(xs, first[1], 0.4, label=first[0])
+        ax.bar([x + 0.4 for x in xs], second[1], 0.4, label=second[0], alpha=0.8)
+        if hline is not None:
+            ax.axhline(hline, color="grey", lw=0.8)
+        ax.set_xticks([x + 0.2 for x in xs])
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out[key] = plots_dir / f"{key}.png"
+        fig.savefig(out[key], dpi=110)
+        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(xs, [r["baseline_tokens_per_s"] for r in runs], 0.4, label="without drafter")
-    ax.bar([x + 0.4 for x in xs], [r["tokens_per_s"] for r in runs], 0.4, label="with drafter")
-    ax.set_xticks([x + 0.2 for x in xs])
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Throughput with and without the drafter (same job)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out["throughput"] = plots_dir / "throughput.png"
-    fig.savefig(out["throughput"], dpi=110)
-    plt.close(fig)
+    paired_bars("acceptance_length", ("measured", [r["acceptance_length"] for r in runs]),
+                ("predicted by training validation",
+                 [r.get("predicted_acceptance_length") or 0 for r in runs]),
+                "acceptance length τ (tokens per step)", "Acceptance length per prompt set",
+                hline=1.0)
+    paired_bars("throughput", ("without drafter", [r["baseline_tokens_per_s"] for r in runs]),
+                ("with drafter", [r["tokens_per_s"] for r in runs]), "output tokens/s",
+                "Throughput with and without the drafter (same job)")
     return out
 
 
