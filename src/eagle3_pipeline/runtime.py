@@ -32,7 +32,7 @@ def setup_logging(log_path: str | os.PathLike | None, level: int = logging.INFO)
         fh = logging.FileHandler(log_path, mode="a")
         fh.setFormatter(fmt)
         root.addHandler(fh)
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio"):
+    for noisy in ("httpx", "httpx2", "httpcore", "urllib3", "filelock", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
