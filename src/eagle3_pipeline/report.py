@@ -27,6 +27,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
         return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
     if isinstance(v, int):
         return f"{v:,}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_fmt(x, digits)}" for k, x in v.items())
     return str(v)
 
 
