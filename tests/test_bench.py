@@ -80,7 +80,7 @@ def run_row(tau, drafts=100):
 
 
 def test_untrained_drafter_is_announced_loudly(tmp_path):
-    cfg = {"min_acceptance_length": 1.1}
+    cfg = {"min_acceptance_length": 1.1, "min_measured_to_predicted": 0.5}
     verdict = bench.judge([run_row(1.01)], cfg)
     assert not verdict["ok"] and verdict["message"].startswith("DRAFTER NOT WORKING")
     assert not bench.judge([run_row(None, drafts=0)], cfg)["ok"]
@@ -91,6 +91,17 @@ def test_untrained_drafter_is_announced_loudly(tmp_path):
         {"bench": metrics, "synth": {}, "manifest": {}, "train": {}, "vocab": {}, "prompts": {},
          "prepare": {}}, cfg), {})
     assert "class='banner bad'>DRAFTER NOT WORKING" in html
+
+
+def test_measured_far_below_predicted_flags_a_mismatch():
+    """Validation predicts 2.4; serving 1.3 means vLLM runs the drafter differently from how it
+    was trained. At T>0 the greedy prediction does not apply, and a prediction near 1 is noise."""
+    cfg = {"min_acceptance_length": 1.1, "min_measured_to_predicted": 0.5}
+    verdict = bench.judge([run_row(2.2), run_row(1.3)], cfg)
+    assert not verdict["ok"] and verdict["message"].startswith("TRAIN/SERVE MISMATCH?")
+    assert "1.30" in verdict["message"] and "2.40" in verdict["message"]
+    assert bench.judge([dict(run_row(1.3), temperature=0.7)], cfg)["ok"]
+    assert bench.judge([dict(run_row(1.12), predicted_acceptance_length=1.15)], cfg)["ok"]
 
 
 @pytest.fixture(scope="module")

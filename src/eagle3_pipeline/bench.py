@@ -324,4 +324,14 @@ def judge(runs: list[dict], cfg: dict) -> dict[str, Any]:
             f"DRAFTER NOT WORKING: acceptance length {worst:.2f} < {cfg['min_acceptance_length']}"
             " (1.0 means every draft is rejected). Typical causes: untrained or undertrained "
             "drafter, or a train/serve mismatch (layer ids, vocab map, norms).")}
+    for r in runs:
+        pred, got = r.get("predicted_acceptance_length"), r["acceptance_length"]
+        # The prediction comes from greedy validation accuracies: compare at T=0 only.
+        if r["temperature"] == 0 and pred and pred >= 1.2 and got is not None and \
+                (got - 1) / (pred - 1) < cfg["min_measured_to_predicted"]:
+            return {"ok": False, "message": (
+                f"TRAIN/SERVE MISMATCH? {r['prompt_set']} (k={r['k']}): measured acceptance "
+                f"length {got:.2f}, training validation predicts {pred:.2f}. Check the drafter's "
+                "aux layer ids, vocab map, norms and sliding window against the target "
+                "(report section 'Train/serve consistency').")}
     return {"ok": True, "message": f"acceptance length {worst:.2f}..{max(taus):.2f}"}
