@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/tau_vs_data.py --run results/quality --sizes 250 500 1000 2000
 
 Takes a run whose prepare, vocab and extract stages are done (e.g. `snakemake --configfile
-config/quality.yaml --until extract_gather`), trains one drafter per size on the first n rows
+config/quality.yaml --until extract_gather vocab`), trains one drafter per size on the first n rows
 of its (shuffled) training set with the run's train config, and benchmarks each under vLLM
 speculative decoding with the run's bench config. Writes `<run>/tau_vs_data/curve.json` and
 `curve.png`. Every drafter sees the same hidden states, vocab map and hyperparameters; only
