@@ -292,6 +292,38 @@ def test_summarize_counts_resumed_steps_once():
     assert [a["clean_exit"] for a in s["attempts"]] == [False, True]
 
 
+def test_training_process_dies_with_a_killed_job(tmp_path):
+    """A job killed with SIGKILL (Slurm timeout, OOM killer) cannot stop its trainer itself; the
+    guard must, or a re-run would train a second time into the same directory. The exit status
+    of a trainer that ends on its own passes through."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    assert train.launch([sys.executable, "-c", "import sys; sys.exit(3)"], env, None) == 3
+    pidfile = tmp_path / "trainer.pid"
+    job = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from eagle3_pipeline import train; "
+        "train.launch([sys.executable, '-c', 'import os, time; "
+        f"open(\"{pidfile}\", \"w\").write(str(os.getpid())); time.sleep(300)'], "
+        "dict(__import__('os').environ), None)")], env=env)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trainer = int(pidfile.read_text())
+    job.kill()
+    job.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{trainer}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(trainer, signal.SIGKILL)
+        pytest.fail("the trainer outlived its killed job")
+
+
 # ---- CPU training: kill mid-epoch, resume, export ------------------------------------------
 
 def test_resume_after_kill(resumed_run):

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import server_guard
+
 log = logging.getLogger(__name__)
 
 
@@ -179,8 +181,7 @@ class VllmServer:
         self.cache_root.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
             self.port = free_port()
-            argv = [sys.executable, "-m", "eagle3_pipeline.server_guard", str(os.getpid()),
-                    str(self.spec.shutdown_grace_s), "--", *self.argv(self.port)]
+            argv = server_guard.command(self.argv(self.port), self.spec.shutdown_grace_s)
             log.info("starting vLLM server on 127.0.0.1:%d (log: %s)", self.port, self.log_path)
             log.info("command: %s", " ".join(argv[5:]))
             self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0

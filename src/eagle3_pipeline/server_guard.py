@@ -1,9 +1,11 @@
-"""Keeps a vLLM server's process tree from outliving the job that started it.
+"""Keeps a vLLM server's (or a training run's) process tree from outliving the job that
+started it.
 
-    python -m eagle3_pipeline.server_guard <parent pid> <grace s> -- <server command...>
+    python -m eagle3_pipeline.server_guard <parent pid> <grace s> -- <command...>
 
-The guard leads its own process group and runs the server inside it. vLLM forks engine-core
-and worker processes that a plain parent-death signal would orphan (they would keep the GPUs).
+The guard leads its own process group and runs the command inside it. vLLM forks engine-core
+and worker processes, torchrun its ranks, that a plain parent-death signal would orphan (they
+would keep the GPUs, and a re-run would train a second time into the same directory).
 The guard asks the kernel for SIGTERM when the job dies (even by ``kill -9``), and on SIGTERM
 or SIGINT, or when the server exits, it takes the whole group down: SIGINT first, SIGKILL after
 the grace period.
@@ -17,6 +19,12 @@ import signal
 import subprocess
 import sys
 import time
+
+
+def command(cmd: list[str], grace_s: float) -> list[str]:
+    """`cmd` wrapped in the guard, watching the calling process. Start it in a new session."""
+    return [sys.executable, "-m", "eagle3_pipeline.server_guard", str(os.getpid()),
+            str(grace_s), "--", *cmd]
 
 
 def _kill_group(grace_s: float, child: subprocess.Popen | None, interrupt: bool) -> None:
@@ -54,10 +62,27 @@ def main(argv: list[str]) -> int:
         # SIGINT comes from VllmServer.stop() to the whole group (the server got it too);
         # SIGTERM from the kernel when the job died.
         _kill_group(grace, child, interrupt=received[0] != signal.SIGINT)
-    print(f"[server_guard] vLLM server exited with code {child.returncode}", flush=True)
+    print(f"[server_guard] {os.path.basename(command[0])} exited with code {child.returncode}",
+          flush=True)
     time.sleep(0.5)
-    _kill_group(grace, None, interrupt=False)
-    return child.returncode or 0
+    _kill_rest_of_group()
+    # The command's own status (a signal as 128 + n): training is judged by it.
+    return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+def _kill_rest_of_group() -> None:
+    """SIGKILL whatever the command left in the group (orphaned workers), sparing the guard."""
+    me, group = os.getpid(), os.getpgid(0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                pgrp = int(fh.read().rsplit(")", 1)[1].split()[2])  # "pid (comm) state ppid pgrp"
+            if pgrp == group:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 if __name__ == "__main__":

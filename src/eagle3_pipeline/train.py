@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .fileio import AppendLog, atomic_path, read_json, sha256_file, stable_hash, write_json
+from . import server_guard
 from .provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -731,12 +732,13 @@ def child_env(gpus: int) -> dict[str, str]:
 
 def launch(cmd: list[str], env: dict[str, str], log_path: str | None,
            grace_s: float = 120.0) -> int:
-    """Run the training process in its own session; on interrupt stop it (SIGTERM, then
-    SIGKILL after ``grace_s``) and re-raise."""
+    """Run the training process in its own session, under the server guard so that it dies
+    with this job even on ``kill -9``; on interrupt stop it (SIGTERM, then SIGKILL after
+    ``grace_s``) and re-raise."""
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True)
+        proc = subprocess.Popen(server_guard.command(cmd, grace_s), env=env, stdout=out,
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True)
         try:
             return proc.wait()
         except BaseException:
