@@ -241,9 +241,9 @@ def children(pid: int) -> list[int]:
 def test_guard_takes_the_server_tree_down_with_a_killed_job(tmp_path):
     """kill -9 of a job runs no cleanup code; vLLM's forked engine/worker processes (here: a
     shell and its background child) must still die, or they keep the GPUs."""
-    script = ("import subprocess, sys, time, os\n"
-              "p = subprocess.Popen([sys.executable, '-m', 'eagle3_pipeline.server_guard',"
-              " str(os.getpid()), '1', '--', 'sh', '-c', 'sleep 300 & sleep 301'],"
+    script = ("import subprocess, sys, time\n"
+              "from eagle3_pipeline import server_guard\n"
+              "p = subprocess.Popen(server_guard.command(['sh', '-c', 'sleep 300 & sleep 301'], 1),"
               " start_new_session=True)\n"
               "print(p.pid, flush=True)\n"
               "time.sleep(300)\n")
