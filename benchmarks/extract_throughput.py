@@ -118,7 +118,7 @@ def main() -> None:
                                    cfg["extract"], staging)
             t0 = time.monotonic()
             asyncio.run(ex.run(server.base_url, server.model_name, todo,
-                               Progress(len(todo), "x", every_s=1e9), server.check_alive))
+                               Progress(len(todo), "extraction round", every_s=1e9), server.check_alive))
             dt = time.monotonic() - t0
             print("  client seconds per phase:", {k: round(v, 2) for k, v in ex.timings.items()})
             book.close()
