@@ -10,7 +10,8 @@ PACKAGE = "eagle3_pipeline"
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _imported_modules(path: Path) -> set[str]:
+@functools.cache  # each module is parsed once per plan, however many rules import it
+def _imported_modules(path: Path) -> frozenset[str]:
     """Names of ``eagle3_pipeline`` modules that ``path`` imports (relative or absolute)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
@@ -33,7 +34,7 @@ def _imported_modules(path: Path) -> set[str]:
                     found.add(node.module.split(".")[0])
                 else:  # from . import x
                     found.update(a.name for a in node.names)
-    return {m for m in found if (PACKAGE_DIR / f"{m}.py").is_file()}
+    return frozenset(m for m in found if (PACKAGE_DIR / f"{m}.py").is_file())
 
 
 @functools.cache
