@@ -311,6 +311,8 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
     from transformers import AutoTokenizer
 
     entries = journal.read()
+    gen_tokens = sum(h["completion_tokens"] for h in history)
+    gen_s = sum(h["elapsed_s"] for h in history)
     last: dict[str, dict] = {}
     for e in entries:
         last[e["id"]] = e  # a later ok replaces an earlier failure of the same prompt
@@ -371,11 +373,10 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
             "reasoning_parser": cfg.get("reasoning_parser"),
             "generation": {  # every run that generated, resumed ones included
                 "runs": len(history),
-                "completion_tokens": sum(h["completion_tokens"] for h in history),
-                "elapsed_s": round(sum(h["elapsed_s"] for h in history), 2),
-                "completion_tokens_per_s": round(
-                    sum(h["completion_tokens"] for h in history)
-                    / max(sum(h["elapsed_s"] for h in history), 1e-9), 1) if history else None,
+                "completion_tokens": gen_tokens,
+                "elapsed_s": round(gen_s, 2),
+                "completion_tokens_per_s": round(gen_tokens / max(gen_s, 1e-9), 1)
+                if history else None,
             },
             "this_run": {
                 "answered": outcome["ok"], "rejected": outcome["rejected"],
