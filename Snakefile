@@ -15,9 +15,9 @@ report: "report/workflow.rst"
 
 
 rule all:
+    default_target: True
     input:
         final_targets(),
-    default_target: True
 
 
 include: "rules/target.smk"

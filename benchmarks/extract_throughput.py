@@ -48,10 +48,12 @@ async def minimal_client(base_url: str, model: str, rows: list[list[int]], concu
 
     sem = asyncio.Semaphore(concurrency)
     async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
+
         async def one(ids):
             async with sem:
                 path, _ = await generate_hidden_states_async(c, model, {"input_ids": ids})
                 await asyncio.to_thread(fetch, path)
+
         await asyncio.gather(*(one(r) for r in rows))
 
 
@@ -60,9 +62,11 @@ async def bare_prefill(base_url: str, model: str, rows: list[list[int]], concurr
 
     sem = asyncio.Semaphore(concurrency)
     async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
+
         async def one(ids):
             async with sem:
                 await c.completions.create(model=model, prompt=ids, max_tokens=1)
+
         await asyncio.gather(*(one(r) for r in rows))
 
 
@@ -85,8 +89,7 @@ def main() -> None:
     ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))
     rows = ds["input_ids"]
     tokens = sum(len(r) for r in rows)
-    cfg = cfglib.validate({"extract": {"concurrency": args.concurrency,
-                                       "storage": args.storage}})
+    cfg = cfglib.validate({"extract": {"concurrency": args.concurrency, "storage": args.storage}})
     if args.positions:
         cfg["extract"]["agreement_positions_per_sample"] = args.positions
     if args.omp_threads:
@@ -114,11 +117,19 @@ def main() -> None:
         def full(server, r: int, todo: list[int]) -> float:
             root = Path(tmp) / f"hs{r}"
             book = extract.ShardBook(root, 64, range(args.rows))
-            ex = extract.Extractor(ds, book, probe, aux + [final], arch["hidden_size"],
-                                   cfg["extract"], staging)
+            ex = extract.Extractor(
+                ds, book, probe, aux + [final], arch["hidden_size"], cfg["extract"], staging
+            )
             t0 = time.monotonic()
-            asyncio.run(ex.run(server.base_url, server.model_name, todo,
-                               Progress(len(todo), "extraction round", every_s=1e9), server.check_alive))
+            asyncio.run(
+                ex.run(
+                    server.base_url,
+                    server.model_name,
+                    todo,
+                    Progress(len(todo), "extraction round", every_s=1e9),
+                    server.check_alive,
+                )
+            )
             dt = time.monotonic() - t0
             print("  client seconds per phase:", {k: round(v, 2) for k, v in ex.timings.items()})
             book.close()
@@ -141,16 +152,28 @@ def main() -> None:
                 print(f"{label} {rates[key][-1]:9.1f} tok/s", flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     ratio = med["extract"] / med["bare"]
-    print(f"\n{args.rows} rows, {tokens} tokens, concurrency {args.concurrency}, medians:\n"
-          f"  extraction / bare prefill   {med['extract']:.1f} / {med['bare']:.1f} = {ratio:.3f}"
-          " (goal >= 0.90)\n"
-          f"  capture only / bare prefill {med['minimal']:.1f} / {med['bare']:.1f} = "
-          f"{med['minimal'] / med['bare']:.3f} (what vLLM's capture costs)\n"
-          f"  extraction / capture only   {med['extract'] / med['minimal']:.3f} "
-          "(what the pipeline's client adds, same server, alternating rounds)")
+    print(
+        f"\n{args.rows} rows, {tokens} tokens, concurrency {args.concurrency}, medians:\n"
+        f"  extraction / bare prefill   {med['extract']:.1f} / {med['bare']:.1f} = {ratio:.3f}"
+        " (goal >= 0.90)\n"
+        f"  capture only / bare prefill {med['minimal']:.1f} / {med['bare']:.1f} = "
+        f"{med['minimal'] / med['bare']:.3f} (what vLLM's capture costs)\n"
+        f"  extraction / capture only   {med['extract'] / med['minimal']:.3f} "
+        "(what the pipeline's client adds, same server, alternating rounds)"
+    )
     if args.out:
-        Path(args.out).write_text(json.dumps({"rates": rates, "median": med, "ratio": ratio,
-                                              "tokens": tokens, "args": vars(args)}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "rates": rates,
+                    "median": med,
+                    "ratio": ratio,
+                    "tokens": tokens,
+                    "args": vars(args),
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

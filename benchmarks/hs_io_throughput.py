@@ -34,9 +34,13 @@ def fake_model(dirpath: Path, hidden: int, vocab: int) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    save_file({"model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
-               "lm_head.weight": (torch.randn(vocab, hidden) * 0.02).to(torch.bfloat16)},
-              str(dirpath / "model.safetensors"))
+    save_file(
+        {
+            "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+            "lm_head.weight": (torch.randn(vocab, hidden) * 0.02).to(torch.bfloat16),
+        },
+        str(dirpath / "model.safetensors"),
+    )
     return {"rms_norm_eps": 1e-5, "model_type": "llama", "tie_word_embeddings": False}
 
 
@@ -67,20 +71,30 @@ def main() -> None:
         mdir.mkdir(parents=True, exist_ok=True)
         arch = fake_model(mdir, hidden, vocab)
         probe = NextTokenProbe(mdir, arch, "auto")
-        rows = [{"input_ids": torch.randint(0, vocab, (args.seq,)).tolist(),
-                 "loss_mask": [0] * (args.seq // 4) + [1] * (args.seq - args.seq // 4)}
-                for _ in range(args.samples)]
+        rows = [
+            {
+                "input_ids": torch.randint(0, vocab, (args.seq,)).tolist(),
+                "loss_mask": [0] * (args.seq // 4) + [1] * (args.seq - args.seq // 4),
+            }
+            for _ in range(args.samples)
+        ]
         for storage in args.storage:
             root = base / f"hs{hidden}-{storage}"
             staging = root / "staging"
             staging.mkdir(parents=True, exist_ok=True)
             book = extract.ShardBook(root, 1024, range(args.samples))
-            ex = extract.Extractor(rows, book, probe, list(range(args.layers)), hidden,
-                                   {"agreement_positions_per_sample": 256}, staging)
+            ex = extract.Extractor(
+                rows,
+                book,
+                probe,
+                list(range(args.layers)),
+                hidden,
+                {"agreement_positions_per_sample": 256},
+                staging,
+            )
             w_times, v_times, nbytes = [], [], []
             for i, row in enumerate(rows):
-                hs = torch.randn(args.seq, args.layers, hidden, device=dev,
-                                 dtype=torch.bfloat16)
+                hs = torch.randn(args.seq, args.layers, hidden, device=dev, dtype=torch.bfloat16)
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -102,20 +116,37 @@ def main() -> None:
                 nbytes.append(entry["bytes"])
             book.close()
             # the first sample pays for allocator/CUDA warm-up
-            w, v = statistics.median(w_times[1:] or w_times), statistics.median(v_times[1:] or v_times)
+            w, v = (
+                statistics.median(w_times[1:] or w_times),
+                statistics.median(v_times[1:] or v_times),
+            )
             mb = statistics.median(nbytes)
-            r = {"hidden": hidden, "vocab": vocab, "storage": storage, "seq": args.seq,
-                 "layers": args.layers, "device": dev, "file_mb": mb / 1e6,
-                 "bytes_per_token": mb / args.seq,
-                 "writer_gb_s": mb / w / 1e9, "validator_gb_s": mb / v / 1e9,
-                 "validator_tokens_s": args.seq / v, "writer_s": w, "validator_s": v,
-                 "validator_s_per_phase": {k: round(x / len(rows), 4)
-                                           for k, x in ex.timings.items()}}
+            r = {
+                "hidden": hidden,
+                "vocab": vocab,
+                "storage": storage,
+                "seq": args.seq,
+                "layers": args.layers,
+                "device": dev,
+                "file_mb": mb / 1e6,
+                "bytes_per_token": mb / args.seq,
+                "writer_gb_s": mb / w / 1e9,
+                "validator_gb_s": mb / v / 1e9,
+                "validator_tokens_s": args.seq / v,
+                "writer_s": w,
+                "validator_s": v,
+                "validator_s_per_phase": {
+                    k: round(x / len(rows), 4) for k, x in ex.timings.items()
+                },
+            }
             results.append(r)
-            print(f"hidden {hidden:5d} {storage:5s} {dev}: file {r['file_mb']:.1f} MB "
-                  f"({r['bytes_per_token']:.0f} B/token); writer {r['writer_gb_s']:.2f} GB/s, "
-                  f"validator {r['validator_gb_s']:.2f} GB/s = {r['validator_tokens_s']:,.0f} "
-                  f"tokens/s; per sample {r['validator_s_per_phase']}", flush=True)
+            print(
+                f"hidden {hidden:5d} {storage:5s} {dev}: file {r['file_mb']:.1f} MB "
+                f"({r['bytes_per_token']:.0f} B/token); writer {r['writer_gb_s']:.2f} GB/s, "
+                f"validator {r['validator_gb_s']:.2f} GB/s = {r['validator_tokens_s']:,.0f} "
+                f"tokens/s; per sample {r['validator_s_per_phase']}",
+                flush=True,
+            )
             shutil.rmtree(root)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

@@ -38,12 +38,29 @@ def make_model(out: Path) -> None:
     from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
     cfg = DeepseekV3Config(
-        hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=6,
-        num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1, n_routed_experts=8,
-        num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=96,
-        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=2, topk_group=1,
-        vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2)
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=96,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        qk_nope_head_dim=128,
+        n_group=2,
+        topk_group=1,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     DeepseekV3ForCausalLM(cfg).to(torch.float32).save_pretrained(out)
     # vLLM only creates the router's correction bias (which the checkpoint has) for noaux_tc.
@@ -68,8 +85,9 @@ def main() -> None:
         staging.mkdir()
         make_model(model_dir)
         cfg = cfglib.validate({"vllm": {"dtype": "bfloat16"}, "extract": {"concurrency": 1}})
-        spec = extract.server_spec(cfg["vllm"], {"model_path": str(model_dir)}, LAYER_IDS,
-                                   staging, cfg["extract"])
+        spec = extract.server_spec(
+            cfg["vllm"], {"model_path": str(model_dir)}, LAYER_IDS, staging, cfg["extract"]
+        )
         row = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198] * 4
         t0 = time.monotonic()
         with VllmServer(spec, Path(tmp) / "server.log") as server:
@@ -77,27 +95,39 @@ def main() -> None:
             from speculators.data_generation.vllm_client import generate_hidden_states_async
 
             async def one() -> str:
-                async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x",
-                                              max_retries=0) as client:
-                    path, _ = await generate_hidden_states_async(client, server.model_name,
-                                                                 {"input_ids": row})
+                async with openai.AsyncOpenAI(
+                    base_url=server.base_url, api_key="x", max_retries=0
+                ) as client:
+                    path, _ = await generate_hidden_states_async(
+                        client, server.model_name, {"input_ids": row}
+                    )
                     return path
 
             staged = asyncio.run(one())
         hidden = load_file(staged)["hidden_states"]
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         refs = verify.reference_hidden_states(model, row, LAYER_IDS)
-        errors = {str(lid): float((hidden[:, j].float() - ref).norm() / ref.norm())
-                  for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs))}
+        errors = {
+            str(lid): float((hidden[:, j].float() - ref).norm() / ref.norm())
+            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs))
+        }
         # Control: the same comparison one position off must be several times worse, or the
         # match proves nothing (a random model's states differ less across positions than a
         # trained one's).
-        shifted = {str(lid): float((hidden[1:, j].float() - ref[:-1]).norm() / ref[:-1].norm())
-                   for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs))}
-    result = {"architecture": "DeepseekV3ForCausalLM (MLA + MoE)", "layers": LAYER_IDS,
-              "tokens": len(row), "shape": list(hidden.shape), "dtype": str(hidden.dtype),
-              "rel_error_vs_transformers_fp32": errors,
-              "control_rel_error_one_position_off": shifted, "wall_s": round(time.monotonic() - t0)}
+        shifted = {
+            str(lid): float((hidden[1:, j].float() - ref[:-1]).norm() / ref[:-1].norm())
+            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs))
+        }
+    result = {
+        "architecture": "DeepseekV3ForCausalLM (MLA + MoE)",
+        "layers": LAYER_IDS,
+        "tokens": len(row),
+        "shape": list(hidden.shape),
+        "dtype": str(hidden.dtype),
+        "rel_error_vs_transformers_fp32": errors,
+        "control_rel_error_one_position_off": shifted,
+        "wall_s": round(time.monotonic() - t0),
+    }
     print(json.dumps(result, indent=2))
     if args.out:
         write_json(args.out, result)

@@ -59,9 +59,21 @@ def main() -> None:
                 cfg_path = Path(tmp) / f"n{n}-jobs{jobs}.yaml"
                 cfg_path.write_text(yaml.safe_dump(cfg))
                 workdir = Path(tmp) / f"wd-n{n}-jobs{jobs}"
-                cases.append((f"snakemake -n  (prompts n={n}, extract.jobs={jobs})",
-                              [SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"),
-                               "--directory", str(workdir), "--configfile", str(cfg_path)]))
+                cases.append(
+                    (
+                        f"snakemake -n  (prompts n={n}, extract.jobs={jobs})",
+                        [
+                            SNAKEMAKE,
+                            "-n",
+                            "--snakefile",
+                            str(REPO / "Snakefile"),
+                            "--directory",
+                            str(workdir),
+                            "--configfile",
+                            str(cfg_path),
+                        ],
+                    )
+                )
 
         results = {}
         for _ in range(args.repeats):  # interleaved, so load changes hit every case alike
@@ -70,8 +82,10 @@ def main() -> None:
 
     ref_wall = statistics.median(w for w, _ in results[cases[0][0]])
     ref_cpu = statistics.median(c for _, c in results[cases[0][0]])
-    print(f"snakemake: {SNAKEMAKE}; {args.repeats} repeats each; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print(
+        f"snakemake: {SNAKEMAKE}; {args.repeats} repeats each; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
+    )
     header = f"{'command':<48} {'wall med':>9} {'cpu med':>8} {'wall x':>7} {'cpu x':>6}"
     print(header)
     print("-" * len(header))
@@ -84,7 +98,9 @@ def main() -> None:
             worst = max(worst, cpu / ref_cpu)
     small = statistics.median(c for _, c in results[cases[1][0]])
     large = statistics.median(c for _, c in results[cases[-1][0]])
-    print(f"\nlargest (n=10000, jobs=8) / smallest (n=10, jobs=1) dry run, CPU: {large / small:.2f}x")
+    print(
+        f"\nlargest (n=10000, jobs=8) / smallest (n=10, jobs=1) dry run, CPU: {large / small:.2f}x"
+    )
     print(f"worst dry run / snakemake --version, CPU: {worst:.2f}x (goal <= 1.5x)")
 
 

@@ -36,17 +36,27 @@ def main() -> None:
     from eagle3_pipeline.verify import reference_hidden_states
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=int(args.hidden * 3.5),
-                      num_hidden_layers=args.layers, num_attention_heads=max(8, args.hidden // 128),
-                      num_key_value_heads=8, vocab_size=128256, rms_norm_eps=1e-5,
-                      max_position_embeddings=8192, rope_theta=500000.0)
+    cfg = LlamaConfig(
+        hidden_size=args.hidden,
+        intermediate_size=int(args.hidden * 3.5),
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(8, args.hidden // 128),
+        num_key_value_heads=8,
+        vocab_size=128256,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+    )
     torch.manual_seed(0)
     with torch.device(dev):
         model = LlamaForCausalLM(cfg).float().eval()
     ids = torch.randint(0, cfg.vocab_size, (args.seq,)).tolist()
     layer_ids = default_layer_ids(args.layers) + [args.layers]
-    results = {"shape": {"hidden": args.hidden, "layers": args.layers, "seq": args.seq},
-               "layer_ids": layer_ids, "device": dev}
+    results = {
+        "shape": {"hidden": args.hidden, "layers": args.layers, "seq": args.seq},
+        "layer_ids": layer_ids,
+        "device": dev,
+    }
     outs = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = model.to(dtype)
@@ -62,13 +72,18 @@ def main() -> None:
         results[f"{name}_forward_s"] = time.perf_counter() - t0
         if dev == "cuda":
             results[f"{name}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        print(f"{name}: forward {results[f'{name}_forward_s']:.3f} s for {args.seq} tokens",
-              flush=True)
+        print(
+            f"{name}: forward {results[f'{name}_forward_s']:.3f} s for {args.seq} tokens",
+            flush=True,
+        )
     results["bf16_vs_fp32_rel_error"] = {
         str(l): float((b - a).norm() / a.norm())
-        for l, a, b in zip(layer_ids, outs[torch.float32], outs[torch.bfloat16])}
-    print("bf16 vs float32 relative error per layer:", {k: round(v, 4) for k, v in
-                                                        results["bf16_vs_fp32_rel_error"].items()})
+        for l, a, b in zip(layer_ids, outs[torch.float32], outs[torch.bfloat16])
+    }
+    print(
+        "bf16 vs float32 relative error per layer:",
+        {k: round(v, 4) for k, v in results["bf16_vs_fp32_rel_error"].items()},
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

@@ -35,8 +35,13 @@ async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
     sem = asyncio.Semaphore(cfg["concurrency"])
 
     async def one(session, row):
-        async with sem, session.post(f"{endpoint.base_url}/chat/completions",
-                                     json=synth.request_body(row, endpoint.model, cfg)) as r:
+        async with (
+            sem,
+            session.post(
+                f"{endpoint.base_url}/chat/completions",
+                json=synth.request_body(row, endpoint.model, cfg),
+            ) as r,
+        ):
             return (await r.json())["usage"]["completion_tokens"]
 
     conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
@@ -48,8 +53,9 @@ def pipeline(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         journal = AppendLog(Path(tmp) / "journal.jsonl")
         journal.open()
-        outcome = asyncio.run(synth.generate(endpoint, rows, cfg, journal,
-                                             Progress(len(rows), "synth", every_s=1e9)))
+        outcome = asyncio.run(
+            synth.generate(endpoint, rows, cfg, journal, Progress(len(rows), "synth", every_s=1e9))
+        )
         journal.close()
     return outcome["completion_tokens"]
 
@@ -65,8 +71,9 @@ def main() -> None:
     args = ap.parse_args()
     setup_logging(None)
 
-    cfg = cfglib.validate({"synth": {"concurrency": args.concurrency,
-                                     "max_tokens": args.max_tokens}})
+    cfg = cfglib.validate(
+        {"synth": {"concurrency": args.concurrency, "max_tokens": args.max_tokens}}
+    )
     model = args.model
     if not model:
         tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
@@ -74,10 +81,14 @@ def main() -> None:
             target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
         model = target.load_info(tj)["model_path"]
     with tempfile.TemporaryDirectory() as tmp:
-        prompts.build({**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}],
-                       "bench": []}, train_out=Path(tmp) / "p.jsonl.zst", bench_outs={},
-                      stats_out=Path(tmp) / "s.json")
+        prompts.build(
+            {**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}], "bench": []},
+            train_out=Path(tmp) / "p.jsonl.zst",
+            bench_outs={},
+            stats_out=Path(tmp) / "s.json",
+        )
         from eagle3_pipeline.fileio import iter_jsonl
+
         rows = list(iter_jsonl(Path(tmp) / "p.jsonl.zst"))
 
     spec = spec_from_config(cfg["vllm"], model, extra_args=["--no-enable-prefix-caching"])
@@ -88,18 +99,26 @@ def main() -> None:
         order = (["pipeline", "bare", "bare", "pipeline"] * args.rounds)[: 2 * args.rounds]
         for which in order:
             t0 = time.monotonic()
-            tokens = (pipeline(ep, rows, cfg["synth"]) if which == "pipeline"
-                      else asyncio.run(bare(ep, rows, cfg["synth"])))
+            tokens = (
+                pipeline(ep, rows, cfg["synth"])
+                if which == "pipeline"
+                else asyncio.run(bare(ep, rows, cfg["synth"]))
+            )
             rate = tokens / (time.monotonic() - t0)
             figures[which].append(rate)
             print(f"{which:9s} {tokens:7d} tokens  {rate:8.1f} tok/s", flush=True)
     med = {k: statistics.median(v) for k, v in figures.items()}
     ratio = med["pipeline"] / med["bare"]
-    print(f"\nmedian tok/s: pipeline {med['pipeline']:.1f}, bare {med['bare']:.1f}; "
-          f"ratio {ratio:.3f} (goal >= 0.95)")
+    print(
+        f"\nmedian tok/s: pipeline {med['pipeline']:.1f}, bare {med['bare']:.1f}; "
+        f"ratio {ratio:.3f} (goal >= 0.95)"
+    )
     if args.out:
-        Path(args.out).write_text(json.dumps({"runs": figures, "median": med, "ratio": ratio,
-                                              "args": vars(args)}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {"runs": figures, "median": med, "ratio": ratio, "args": vars(args)}, indent=2
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -61,25 +61,46 @@ def main() -> None:
             full.select(range(n)).save_to_disk(str(d / "dataset"))
         t0 = time.monotonic()
         metrics = train.run(
-            target_json=run / "target/target.json", dataset_dir=d / "dataset",
-            manifest_path=run / "hidden_states/manifest.json", d2t=run / "vocab/d2t.npy",
-            t2d=run / "vocab/t2d.npy", drafter_dir=d / "drafter",
-            metrics_out=d / "drafter/metrics.json", plot_out=d / "drafter/loss.png",
-            cfg=cfg["train"], work_dir=d / "train_work", log_path=out / "log.txt")
+            target_json=run / "target/target.json",
+            dataset_dir=d / "dataset",
+            manifest_path=run / "hidden_states/manifest.json",
+            d2t=run / "vocab/d2t.npy",
+            t2d=run / "vocab/t2d.npy",
+            drafter_dir=d / "drafter",
+            metrics_out=d / "drafter/metrics.json",
+            plot_out=d / "drafter/loss.png",
+            cfg=cfg["train"],
+            work_dir=d / "train_work",
+            log_path=out / "log.txt",
+        )
         train_s = time.monotonic() - t0
-        sets = {name: str(run / "prompts" / f"bench_{name}.jsonl")
-                for name in cfg["bench"]["prompt_sets"]}
-        b = bench.run(run / "target/target.json", d / "drafter",
-                      run / "hidden_states/manifest.json", d / "drafter/metrics.json", sets,
-                      d / "bench.json", cfg["bench"], cfg["vllm"], out / "log.txt")
+        sets = {
+            name: str(run / "prompts" / f"bench_{name}.jsonl")
+            for name in cfg["bench"]["prompt_sets"]
+        }
+        b = bench.run(
+            run / "target/target.json",
+            d / "drafter",
+            run / "hidden_states/manifest.json",
+            d / "drafter/metrics.json",
+            sets,
+            d / "bench.json",
+            cfg["bench"],
+            cfg["vllm"],
+            out / "log.txt",
+        )
         tokens = int(sum(full.select(range(n))["seq_len"]))
-        point = {"samples": n, "tokens": tokens, "epochs": cfg["train"]["epochs"],
-                 "train_s": round(train_s), "val": bench.best_val(metrics),
-                 "acceptance_length": {r["prompt_set"]: r["acceptance_length"] for r in b["runs"]},
-                 "per_position": {r["prompt_set"]: r["per_position"] for r in b["runs"]},
-                 "predicted": {r["prompt_set"]: r["predicted_acceptance_length"]
-                               for r in b["runs"]},
-                 "speedup": {r["prompt_set"]: r["speedup"] for r in b["runs"]}}
+        point = {
+            "samples": n,
+            "tokens": tokens,
+            "epochs": cfg["train"]["epochs"],
+            "train_s": round(train_s),
+            "val": bench.best_val(metrics),
+            "acceptance_length": {r["prompt_set"]: r["acceptance_length"] for r in b["runs"]},
+            "per_position": {r["prompt_set"]: r["per_position"] for r in b["runs"]},
+            "predicted": {r["prompt_set"]: r["predicted_acceptance_length"] for r in b["runs"]},
+            "speedup": {r["prompt_set"]: r["speedup"] for r in b["runs"]},
+        }
         curve["points"].append(point)
         curve["points"].sort(key=lambda p: p["samples"])
         write_json(curve_path, curve)
@@ -98,10 +119,19 @@ def plot(curve: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in sorted({k for p in pts for k in p["acceptance_length"]}):
         xs = [p["samples"] for p in pts if name in p["acceptance_length"]]
-        ax.plot(xs, [p["acceptance_length"][name] for p in pts if name in p["acceptance_length"]],
-                "o-", label=f"{name} measured")
-        ax.plot(xs, [p["predicted"][name] for p in pts if name in p["predicted"]], "x--",
-                alpha=0.6, label=f"{name} predicted by validation")
+        ax.plot(
+            xs,
+            [p["acceptance_length"][name] for p in pts if name in p["acceptance_length"]],
+            "o-",
+            label=f"{name} measured",
+        )
+        ax.plot(
+            xs,
+            [p["predicted"][name] for p in pts if name in p["predicted"]],
+            "x--",
+            alpha=0.6,
+            label=f"{name} predicted by validation",
+        )
     ax.axhline(2.5, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("training samples (synth answers)")

@@ -53,6 +53,7 @@ VOCAB = 163840
 # Corpus
 # ------------------------------------------------------------------------------------------
 
+
 def make_corpus(path: Path, tokens: int, seed: int) -> dict:
     """Write rows until ``tokens`` completion tokens; return a summary (kept beside the file)."""
     rng = np.random.default_rng(seed)
@@ -60,9 +61,11 @@ def make_corpus(path: Path, tokens: int, seed: int) -> dict:
     p = 1.0 / (ranks + 2.7) ** 1.07
     cdf = np.cumsum(p / p.sum())
     perm = rng.permutation(VOCAB)
-    words = ("the of and to in is that for it as with was on be by this are or an which "
-             "model token function return value data number example because however "
-             "\\n def class import print").split()
+    words = (
+        "the of and to in is that for it as with was on be by this are or an which "
+        "model token function return value data number example because however "
+        "\\n def class import print"
+    ).split()
     text = " ".join(rng.choice(words, 500_000))
     summary = {"rows": 0, "completion_tokens": 0, "prompt_tokens": 0}
 
@@ -73,12 +76,20 @@ def make_corpus(path: Path, tokens: int, seed: int) -> dict:
             n_c = int(np.exp(rng.uniform(np.log(128), np.log(4096))))
             ids = perm[np.searchsorted(cdf, rng.random(n_p + n_c))].tolist()
             o = int(rng.integers(0, len(text) - 4 * (n_p + n_c)))
-            yield {"id": f"bench-{i}", "source": "bench",
-                   "messages": [{"role": "system", "content": "You are helpful."},
-                                {"role": "user", "content": text[o:o + 4 * n_p]}],
-                   "prompt_token_ids": ids[:n_p], "completion_token_ids": ids[n_p:],
-                   "content": text[o + 4 * n_p:o + 4 * (n_p + n_c)], "reasoning": None,
-                   "finish_reason": "stop", "latency_s": 1.25}
+            yield {
+                "id": f"bench-{i}",
+                "source": "bench",
+                "messages": [
+                    {"role": "system", "content": "You are helpful."},
+                    {"role": "user", "content": text[o : o + 4 * n_p]},
+                ],
+                "prompt_token_ids": ids[:n_p],
+                "completion_token_ids": ids[n_p:],
+                "content": text[o + 4 * n_p : o + 4 * (n_p + n_c)],
+                "reasoning": None,
+                "finish_reason": "stop",
+                "latency_s": 1.25,
+            }
             summary["rows"] += 1
             summary["completion_tokens"] += n_c
             summary["prompt_tokens"] += n_p
@@ -86,8 +97,12 @@ def make_corpus(path: Path, tokens: int, seed: int) -> dict:
 
     t0 = time.perf_counter()
     fileio.write_jsonl_zst(path, rows())
-    summary.update(seed=seed, target_tokens=tokens, bytes=path.stat().st_size,
-                   seconds=round(time.perf_counter() - t0, 1))
+    summary.update(
+        seed=seed,
+        target_tokens=tokens,
+        bytes=path.stat().st_size,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
     fileio.write_json(path.with_suffix(".json"), summary)
     return summary
 
@@ -107,6 +122,7 @@ def corpus(args) -> tuple[Path, dict]:
 # The alternatives assume well-formed rows (the corpus is); the library's ways check rows.
 # ------------------------------------------------------------------------------------------
 
+
 def decompress_only(path, seq_length, chunk_bytes):
     n = 0
     for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32):
@@ -123,8 +139,9 @@ def lib_fast(path, seq_length, chunk_bytes):
 
 
 def lib_fast_1thread(path, seq_length, chunk_bytes):
-    return vocab.count_tokens(path, VOCAB, seq_length, method="fast", chunk_bytes=chunk_bytes,
-                              prefetch_chunks=0)[0]
+    return vocab.count_tokens(
+        path, VOCAB, seq_length, method="fast", chunk_bytes=chunk_bytes, prefetch_chunks=0
+    )[0]
 
 
 def fast_3threads(path, seq_length, chunk_bytes):
@@ -141,8 +158,9 @@ def fast_3threads(path, seq_length, chunk_bytes):
 
 
 def _bincount_rows(prompt_lens, completions, seq_length, counts):
-    _, keep = truncate_lengths(np.asarray(prompt_lens), np.array([len(c) for c in completions]),
-                               seq_length)
+    _, keep = truncate_lengths(
+        np.asarray(prompt_lens), np.array([len(c) for c in completions]), seq_length
+    )
     ids = np.concatenate([np.asarray(c[:k], dtype=np.int64) for c, k in zip(completions, keep)])
     counts += np.bincount(ids, minlength=VOCAB)
 
@@ -150,14 +168,19 @@ def _bincount_rows(prompt_lens, completions, seq_length, counts):
 def msgspec_list(path, seq_length, chunk_bytes):
     import msgspec
 
-    row = msgspec.defstruct("Row", [("prompt_token_ids", list[int]),
-                                    ("completion_token_ids", list[int])])
+    row = msgspec.defstruct(
+        "Row", [("prompt_token_ids", list[int]), ("completion_token_ids", list[int])]
+    )
     dec = msgspec.json.Decoder(row)
     counts = np.zeros(VOCAB, dtype=np.int64)
     for chunk in vocab.prefetch(iter_line_chunks(path, chunk_bytes), 32):
         rows = dec.decode_lines(chunk)
-        _bincount_rows([len(r.prompt_token_ids) for r in rows],
-                       [r.completion_token_ids for r in rows], seq_length, counts)
+        _bincount_rows(
+            [len(r.prompt_token_ids) for r in rows],
+            [r.completion_token_ids for r in rows],
+            seq_length,
+            counts,
+        )
     return counts
 
 
@@ -167,10 +190,10 @@ def _count_lists(n_prompt, completion_col, seq_length, counts):
     n_c = np.diff(offsets)
     _, keep = truncate_lengths(n_prompt, n_c, seq_length)
     if (keep == n_c).all():
-        ids = values[offsets[0]:offsets[-1]]
+        ids = values[offsets[0] : offsets[-1]]
     else:
         pos = np.arange(offsets[-1] - offsets[0]) - np.repeat(offsets[:-1] - offsets[0], n_c)
-        ids = values[offsets[0]:offsets[-1]][pos < np.repeat(keep, n_c)]
+        ids = values[offsets[0] : offsets[-1]][pos < np.repeat(keep, n_c)]
     counts += np.bincount(ids, minlength=VOCAB)
 
 
@@ -185,8 +208,9 @@ def polars_ndjson(path, seq_length, chunk_bytes):
         df = pl.read_ndjson(io.BytesIO(chunk), schema=schema)
         n_prompt = df["prompt_token_ids"].list.len().to_numpy()
         comp = df["completion_token_ids"].to_arrow()
-        _count_lists(n_prompt, (np.asarray(comp.offsets), np.asarray(comp.values)),
-                     seq_length, counts)
+        _count_lists(
+            n_prompt, (np.asarray(comp.offsets), np.asarray(comp.values)), seq_length, counts
+        )
     return counts
 
 
@@ -196,8 +220,9 @@ def pyarrow_json(path, seq_length, chunk_bytes):
     import pyarrow as pa
     import pyarrow.json as pj
 
-    schema = pa.schema([("prompt_token_ids", pa.list_(pa.int64())),
-                        ("completion_token_ids", pa.list_(pa.int64()))])
+    schema = pa.schema(
+        [("prompt_token_ids", pa.list_(pa.int64())), ("completion_token_ids", pa.list_(pa.int64()))]
+    )
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     read = pj.ReadOptions(block_size=max(chunk_bytes, 1 << 20), use_threads=True)
     counts = np.zeros(VOCAB, dtype=np.int64)
@@ -205,16 +230,18 @@ def pyarrow_json(path, seq_length, chunk_bytes):
         table = pj.read_json(io.BytesIO(chunk), read_options=read, parse_options=parse)
         n_prompt = pa.compute.list_value_length(table["prompt_token_ids"]).to_numpy()
         comp = table["completion_token_ids"].combine_chunks()
-        _count_lists(n_prompt, (np.asarray(comp.offsets), np.asarray(comp.values)),
-                     seq_length, counts)
+        _count_lists(
+            n_prompt, (np.asarray(comp.offsets), np.asarray(comp.values)), seq_length, counts
+        )
     return counts
 
 
 def msgspec_raw_numpy(path, seq_length, chunk_bytes):
     import msgspec
 
-    row = msgspec.defstruct("Row", [("prompt_token_ids", msgspec.Raw),
-                                    ("completion_token_ids", msgspec.Raw)])
+    row = msgspec.defstruct(
+        "Row", [("prompt_token_ids", msgspec.Raw), ("completion_token_ids", msgspec.Raw)]
+    )
     dec = msgspec.json.Decoder(row)
     to_commas = bytes.maketrans(b"[]", b" ,")
     counts = np.zeros(VOCAB, dtype=np.int64)
@@ -244,12 +271,20 @@ APPROACHES = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=20_000_000,
-                    help="completion tokens in the corpus (default 20M)")
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        default=20_000_000,
+        help="completion tokens in the corpus (default 20M)",
+    )
     ap.add_argument("--corpus", help="corpus path (default /tmp/eagle3-vocab-bench/...)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seq-length", type=int, default=8192,
-                    help="truncation; the default keeps every completion token")
+    ap.add_argument(
+        "--seq-length",
+        type=int,
+        default=8192,
+        help="truncation; the default keeps every completion token",
+    )
     ap.add_argument("--chunk-bytes", type=int, default=vocab.COUNT_CHUNK_BYTES)
     ap.add_argument("--repeat", type=int, default=3, help="runs per approach (best and median)")
     ap.add_argument("--only", nargs="*", choices=list(APPROACHES), help="run only these")
@@ -257,25 +292,36 @@ def main() -> None:
     args = ap.parse_args()
 
     path, meta = corpus(args)
-    print(f"corpus: {path} ({meta['bytes'] / 1e6:.0f} MB zstd, {meta['rows']:,} rows, "
-          f"{meta['completion_tokens']:,} completion + {meta['prompt_tokens']:,} prompt tokens)")
+    print(
+        f"corpus: {path} ({meta['bytes'] / 1e6:.0f} MB zstd, {meta['rows']:,} rows, "
+        f"{meta['completion_tokens']:,} completion + {meta['prompt_tokens']:,} prompt tokens)"
+    )
     t0 = time.perf_counter()
     tools_ok = vocab.fast_available()
-    print(f"msgspec+numba available: {tools_ok} (import + JIT/cache load "
-          f"{time.perf_counter() - t0:.2f} s, not timed below)")
+    print(
+        f"msgspec+numba available: {tools_ok} (import + JIT/cache load "
+        f"{time.perf_counter() - t0:.2f} s, not timed below)"
+    )
     load_start = os.getloadavg()[0]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load average {load_start:.2f} at start")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {load_start:.2f} at start"
+    )
 
-    reference, ref_stats = vocab.count_tokens(path, VOCAB, args.seq_length, method="fast"
-                                              if tools_ok else "json")
+    reference, ref_stats = vocab.count_tokens(
+        path, VOCAB, args.seq_length, method="fast" if tools_ok else "json"
+    )
     tokens = ref_stats["tokens_counted"]
     names = args.only or list(APPROACHES)
     results = []
-    header = f"{'approach':18s} {'best tok/s':>12s} {'median tok/s':>13s} {'tok/CPU-s':>11s} " \
-             f"{'best s':>7s}  check"
-    print(f"\ncounting {tokens:,} tokens, seq_length {args.seq_length}, chunks of "
-          f"{args.chunk_bytes // 1024} KiB, best of {args.repeat}\n{header}\n{'-' * len(header)}")
+    header = (
+        f"{'approach':18s} {'best tok/s':>12s} {'median tok/s':>13s} {'tok/CPU-s':>11s} "
+        f"{'best s':>7s}  check"
+    )
+    print(
+        f"\ncounting {tokens:,} tokens, seq_length {args.seq_length}, chunks of "
+        f"{args.chunk_bytes // 1024} KiB, best of {args.repeat}\n{header}\n{'-' * len(header)}"
+    )
     for name in names:
         fn = APPROACHES[name]
         if name.startswith("fast") and not tools_ok:
@@ -296,19 +342,35 @@ def main() -> None:
             print(f"{name:18s} {check}")
             continue
         best, med, cpu = min(walls), statistics.median(walls), min(cpus)
-        row = {"approach": name, "best_tok_s": tokens / best, "median_tok_s": tokens / med,
-               "tok_per_cpu_s": tokens / cpu, "best_s": best, "check": check}
+        row = {
+            "approach": name,
+            "best_tok_s": tokens / best,
+            "median_tok_s": tokens / med,
+            "tok_per_cpu_s": tokens / cpu,
+            "best_s": best,
+            "check": check,
+        }
         results.append(row)
-        print(f"{name:18s} {tokens / best / 1e6:10.1f} M {tokens / med / 1e6:11.1f} M "
-              f"{tokens / cpu / 1e6:9.1f} M {best:7.2f}  {check}", flush=True)
+        print(
+            f"{name:18s} {tokens / best / 1e6:10.1f} M {tokens / med / 1e6:11.1f} M "
+            f"{tokens / cpu / 1e6:9.1f} M {best:7.2f}  {check}",
+            flush=True,
+        )
     load_end = os.getloadavg()[0]
     print(f"\nload average at end {load_end:.2f}")
     if args.json_out:
-        fileio.write_json(args.json_out, {"corpus": meta | {"path": str(path)},
-                                          "tokens": tokens, "seq_length": args.seq_length,
-                                          "chunk_bytes": args.chunk_bytes, "cpus": os.cpu_count(),
-                                          "load_average": [load_start, load_end],
-                                          "results": results})
+        fileio.write_json(
+            args.json_out,
+            {
+                "corpus": meta | {"path": str(path)},
+                "tokens": tokens,
+                "seq_length": args.seq_length,
+                "chunk_bytes": args.chunk_bytes,
+                "cpus": os.cpu_count(),
+                "load_average": [load_start, load_end],
+                "results": results,
+            },
+        )
 
 
 if __name__ == "__main__":

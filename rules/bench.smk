@@ -10,19 +10,19 @@ rule bench:
         code=code_of("workflow_scripts/bench.py"),
     output:
         metrics=out("bench/metrics.json"),
-    params:
-        bench=config["bench"],
-        vllm=config["vllm"],
-        gpus=gpus("bench"),
-        prompt_sets=config["bench"]["prompt_sets"],
-    resources:
-        gpus=gpus("bench"),
-        gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("bench"),
     benchmark:
         bench_of("bench")
     conda:
         "../envs/vllm.yaml"
+    resources:
+        gpus=gpus("bench"),
+        gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus
+    params:
+        bench=config["bench"],
+        vllm=config["vllm"],
+        gpus=gpus("bench"),
+        prompt_sets=config["bench"]["prompt_sets"],
     script:
         "../workflow_scripts/bench.py"

@@ -11,6 +11,15 @@ rule extract:
         code=code_of("workflow_scripts/extract.py"),
     output:
         part=out("hidden_states/parts/part_{part}.json"),
+    log:
+        log_of("extract_part{part}"),
+    benchmark:
+        bench_of("extract_part{part}")
+    conda:
+        "../envs/vllm.yaml"
+    resources:
+        gpus=gpus("extract"),
+        gpu=gpus("extract"),  # same count, under the name the slurm plugin turns into --gpus
     params:
         extract=config["extract"],
         vllm=config["vllm"],
@@ -19,15 +28,6 @@ rule extract:
         gpus=gpus("extract"),
         # hidden_states/ (shards live beside the manifests), derived from the output path
         root=lambda wildcards, output: str(Path(output.part).parent.parent),
-    resources:
-        gpus=gpus("extract"),
-        gpu=gpus("extract"),  # same count, under the name the slurm plugin turns into --gpus
-    log:
-        log_of("extract_part{part}"),
-    benchmark:
-        bench_of("extract_part{part}")
-    conda:
-        "../envs/vllm.yaml"
     script:
         "../workflow_scripts/extract.py"
 
@@ -39,13 +39,13 @@ rule extract_gather:
         code=code_of("workflow_scripts/extract_gather.py"),
     output:
         manifest=out("hidden_states/manifest.json"),
-    params:
-        extract=config["extract"],
     log:
         log_of("extract_gather"),
     benchmark:
         bench_of("extract_gather")
     conda:
         "../envs/train.yaml"
+    params:
+        extract=config["extract"],
     script:
         "../workflow_scripts/extract_gather.py"

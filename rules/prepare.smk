@@ -6,14 +6,14 @@ rule prepare:
     output:
         dataset=directory(out("prepare/dataset")),
         stats=out("prepare/stats.json"),
-    params:
-        prepare=config["prepare"],
-        seed=config["prompts"]["seed"],
     log:
         log_of("prepare"),
     benchmark:
         bench_of("prepare")
     conda:
         "../envs/train.yaml"
+    params:
+        prepare=config["prepare"],
+        seed=config["prompts"]["seed"],
     script:
         "../workflow_scripts/prepare.py"

@@ -6,13 +6,13 @@ rule prompts:
         train=out("prompts/train.jsonl.zst"),
         bench=expand(out("prompts/bench_{name}.jsonl"), name=bench_names()),
         stats=out("prompts/stats.json"),
-    params:
-        prompts=config["prompts"],
     log:
         log_of("prompts"),
     benchmark:
         bench_of("prompts")
     conda:
         "../envs/train.yaml"
+    params:
+        prompts=config["prompts"],
     script:
         "../workflow_scripts/prompts.py"

@@ -21,14 +21,14 @@ rule report:
             category="Benchmark",
             caption="../report/bench.rst",
         ),
-    params:
-        bench=config["bench"],
-        run=config["run"],
     log:
         log_of("report"),
     benchmark:
         bench_of("report")
     conda:
         "../envs/train.yaml"
+    params:
+        bench=config["bench"],
+        run=config["run"],
     script:
         "../workflow_scripts/report.py"

@@ -7,19 +7,19 @@ rule synth:
     output:
         records=out("synth/synth.jsonl.zst"),
         stats=out("synth/stats.json"),
-    params:
-        synth=config["synth"],
-        vllm=config["vllm"],
-        gpus=gpus("synth"),
-        work_dir=out("synth/.partial"),
-    resources:
-        gpus=gpus("synth"),
-        gpu=gpus("synth"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("synth"),
     benchmark:
         bench_of("synth")
     conda:
         "../envs/vllm.yaml"
+    resources:
+        gpus=gpus("synth"),
+        gpu=gpus("synth"),  # same count, under the name the slurm plugin turns into --gpus
+    params:
+        synth=config["synth"],
+        vllm=config["vllm"],
+        gpus=gpus("synth"),
+        work_dir=out("synth/.partial"),
     script:
         "../workflow_scripts/synth.py"

@@ -4,13 +4,13 @@ rule target:
         code=code_of("workflow_scripts/target.py"),
     output:
         info=out("target/target.json"),
-    params:
-        target=config["target"],
     log:
         log_of("target"),
     benchmark:
         bench_of("target")
     conda:
         "../envs/train.yaml"
+    params:
+        target=config["target"],
     script:
         "../workflow_scripts/target.py"

@@ -12,21 +12,21 @@ rule train:
         weights=out("drafter/model.safetensors"),
         metrics=out("drafter/metrics.json"),
         plot=report(out("drafter/loss.png"), category="Training", caption="../report/train.rst"),
-    params:
-        train=config["train"],
-        gpus=gpus("train"),
-        work_dir=out("train_work"),
-    # On the CPU, training uses every core it is given (capped at --cores); on GPUs the cores
-    # feed the data loader workers.
-    threads: 64
-    resources:
-        gpus=gpus("train"),
-        gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
     log:
         log_of("train"),
     benchmark:
         bench_of("train")
     conda:
         "../envs/train.yaml"
+    # On the CPU, training uses every core it is given (capped at --cores); on GPUs the cores
+    # feed the data loader workers.
+    threads: 64
+    resources:
+        gpus=gpus("train"),
+        gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
+    params:
+        train=config["train"],
+        gpus=gpus("train"),
+        work_dir=out("train_work"),
     script:
         "../workflow_scripts/train.py"

@@ -10,14 +10,14 @@ rule vocab:
         freq=out("vocab/token_freq.npy"),
         coverage=out("vocab/coverage.json"),
         plot=report(out("vocab/coverage.png"), category="Vocabulary", caption="../report/vocab.rst"),
-    params:
-        vocab=config["vocab"],
-        seq_length=config["prepare"]["seq_length"],
     log:
         log_of("vocab"),
     benchmark:
         bench_of("vocab")
     conda:
         "../envs/train.yaml"
+    params:
+        vocab=config["vocab"],
+        seq_length=config["prepare"]["seq_length"],
     script:
         "../workflow_scripts/vocab.py"

@@ -26,8 +26,9 @@ def preview(argv: list[str]) -> list[dict]:
     captured: dict = {}
 
     def capture_dag(self):  # stands in for Workflow.printdag (what --dag calls)
-        self._prepare_dag(forceall=self.dag_settings.forceall, ignore_incomplete=True,
-                          lock_warn_only=True)
+        self._prepare_dag(
+            forceall=self.dag_settings.forceall, ignore_incomplete=True, lock_warn_only=True
+        )
         self._build_dag()
         captured["workflow"] = self
         captured["jobs"] = [j for j in self.dag.jobs if not j.rule.norun]  # skip `all`
@@ -48,8 +49,12 @@ def submit_call(job, workflow) -> dict:
 
     # Executor.get_account_arg validates the account with sacctmgr; there is no Slurm here.
     plugin.validate_account = lambda account, logger: account
-    executor = SimpleNamespace(_fallback_account_arg=None, _fallback_partition=None,
-                               _partitions=None, logger=logging.getLogger("slurm-preview"))
+    executor = SimpleNamespace(
+        _fallback_account_arg=None,
+        _fallback_partition=None,
+        _partitions=None,
+        logger=logging.getLogger("slurm-preview"),
+    )
     params = {
         "run_uuid": "<run-uuid>",
         "slurm_logfile": f".snakemake/slurm_logs/rule_{job.name}/%j.log",

@@ -14,6 +14,7 @@ CACHE = REPO / "tests" / ".cache"
 sys.path.insert(0, str(REPO / "tests"))
 
 from train_fixtures import fixture_data, resumed_run  # noqa: E402,F401  (session fixtures)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -30,8 +31,10 @@ def target_json() -> Path:
 
     out = CACHE / "target-float32" / "target.json"
     if not out.exists():
-        target.materialize({"source": "packaged", "dtype": "float32", "path": None,
-                            "trust_remote_code": False}, out)
+        target.materialize(
+            {"source": "packaged", "dtype": "float32", "path": None, "trust_remote_code": False},
+            out,
+        )
     return out
 
 

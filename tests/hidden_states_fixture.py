@@ -33,40 +33,54 @@ QA = [
     ("What is 12 times 12?", "12 times 12 is 144."),
     ("Which planet is known as the red planet?", "Mars is known as the red planet."),
     ("Give me a synonym for 'happy'.", "A synonym for 'happy' is 'joyful'."),
-    ("What is the boiling point of water at sea level?",
-     "Water boils at 100 degrees Celsius at sea level."),
+    (
+        "What is the boiling point of water at sea level?",
+        "Water boils at 100 degrees Celsius at sea level.",
+    ),
     ("Who wrote 'Romeo and Juliet'?", "William Shakespeare wrote 'Romeo and Juliet'."),
     ("What is the largest ocean on Earth?", "The Pacific Ocean is the largest ocean on Earth."),
-    ("Write a Python function that adds two numbers.",
-     "def add(a, b):\n    return a + b"),
-    ("What gas do plants absorb from the air?",
-     "Plants absorb carbon dioxide from the air for photosynthesis."),
+    ("Write a Python function that adds two numbers.", "def add(a, b):\n    return a + b"),
+    (
+        "What gas do plants absorb from the air?",
+        "Plants absorb carbon dioxide from the air for photosynthesis.",
+    ),
     ("How many legs does a spider have?", "A spider has eight legs."),
     ("What is the opposite of 'cold'?", "The opposite of 'cold' is 'hot'."),
-    ("Explain what a noun is in one sentence.",
-     "A noun is a word that names a person, place, thing or idea."),
+    (
+        "Explain what a noun is in one sentence.",
+        "A noun is a word that names a person, place, thing or idea.",
+    ),
     ("What is the square root of 81?", "The square root of 81 is 9."),
-    ("Which animal is called the king of the jungle?",
-     "The lion is often called the king of the jungle."),
+    (
+        "Which animal is called the king of the jungle?",
+        "The lion is often called the king of the jungle.",
+    ),
     ("What language is spoken in Brazil?", "The main language spoken in Brazil is Portuguese."),
-    ("How do you reverse a list in Python?",
-     "You can reverse a list with my_list.reverse() or my_list[::-1]."),
+    (
+        "How do you reverse a list in Python?",
+        "You can reverse a list with my_list.reverse() or my_list[::-1].",
+    ),
     ("What is the freezing point of water?", "Water freezes at 0 degrees Celsius."),
     ("Name a mammal that can fly.", "The bat is a mammal that can fly."),
     ("What is the chemical symbol for gold?", "The chemical symbol for gold is Au."),
     ("How many continents are there?", "There are seven continents."),
-    ("What is the tallest mountain in the world?",
-     "Mount Everest is the tallest mountain in the world."),
-    ("Give an example of a renewable energy source.",
-     "Solar power is an example of a renewable energy source."),
+    (
+        "What is the tallest mountain in the world?",
+        "Mount Everest is the tallest mountain in the world.",
+    ),
+    (
+        "Give an example of a renewable energy source.",
+        "Solar power is an example of a renewable energy source.",
+    ),
     ("What does CPU stand for?", "CPU stands for central processing unit."),
     ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
-    ("What is the main ingredient of guacamole?",
-     "The main ingredient of guacamole is avocado."),
+    ("What is the main ingredient of guacamole?", "The main ingredient of guacamole is avocado."),
     ("How many minutes are in an hour?", "There are sixty minutes in an hour."),
     ("What is the smallest prime number?", "The smallest prime number is 2."),
-    ("Write a haiku about the sea.",
-     "Waves fold into foam,\nsalt wind carries gull voices,\nthe tide keeps its time."),
+    (
+        "Write a haiku about the sea.",
+        "Waves fold into foam,\nsalt wind carries gull voices,\nthe tide keeps its time.",
+    ),
 ]
 
 
@@ -80,10 +94,11 @@ def chat_rows(tokenizer, n: int = 24) -> tuple[list[list[int]], list[list[int]]]
             q = f"{q} (#{i // len(QA)})"
         prompt = [{"role": "user", "content": q}]
         p_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        full = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": a}],
-                                             tokenize=True)
+        full = tokenizer.apply_chat_template(
+            prompt + [{"role": "assistant", "content": a}], tokenize=True
+        )
         p_ids, full = _ids(p_ids), _ids(full)
-        if full[:len(p_ids)] != p_ids:
+        if full[: len(p_ids)] != p_ids:
             raise AssertionError("chat template: prompt is not a prefix of the conversation")
         rows.append(list(full))
         masks.append([0] * len(p_ids) + [1] * (len(full) - len(p_ids)))
@@ -107,10 +122,18 @@ def compute_hidden_states(model, rows: list[list[int]], layer_ids: list[int]):
         yield torch.stack(reference_hidden_states(model, row, layer_ids), dim=1).float()
 
 
-def build(target_dir: str | Path, out_dir: str | Path, rows: list[list[int]],
-          loss_masks: list[list[int]] | None = None, *, aux_layer_ids: list[int] | None = None,
-          samples_per_shard: int = 8, storage: str = "bf16", draft_vocab_size: int = 1024,
-          torch_format: bool = True) -> dict[str, Path]:
+def build(
+    target_dir: str | Path,
+    out_dir: str | Path,
+    rows: list[list[int]],
+    loss_masks: list[list[int]] | None = None,
+    *,
+    aux_layer_ids: list[int] | None = None,
+    samples_per_shard: int = 8,
+    storage: str = "bf16",
+    draft_vocab_size: int = 1024,
+    torch_format: bool = True,
+) -> dict[str, Path]:
     """Write dataset, hidden states (+ manifest) and vocab map for ``rows``; return the paths.
 
     ``aux_layer_ids`` defaults to [2, N//2, N-3]; the final layer N is always appended.
@@ -151,22 +174,29 @@ def build(target_dir: str | Path, out_dir: str | Path, rows: list[list[int]],
         path = sdir / f"hs_{i}.safetensors"
         save_file(tensors, str(path))
         data = path.read_bytes()
-        entry = shards.setdefault(s, {"index": s, "samples": [i, i], "tokens": 0, "bytes": 0,
-                                      "files": {}})
+        entry = shards.setdefault(
+            s, {"index": s, "samples": [i, i], "tokens": 0, "bytes": 0, "files": {}}
+        )
         entry["samples"][1] = i
         entry["tokens"] += len(rows[i])
         entry["bytes"] += len(data)
-        entry["files"][path.name] = {"bytes": len(data),
-                                     "sha256": hashlib.sha256(data).hexdigest()}
+        entry["files"][path.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     shard_list = []
     for s, entry in sorted(shards.items()):
         sdir = hs_root / "shards" / f"shard_{s:05d}"
-        seal = json.dumps({"shard": s, "samples": entry["samples"], "files": entry["files"]},
-                          indent=1)
+        seal = json.dumps(
+            {"shard": s, "samples": entry["samples"], "files": entry["files"]}, indent=1
+        )
         (sdir / "shard.json").write_text(seal)
-        shard_list.append({"index": s, "samples": entry["samples"], "tokens": entry["tokens"],
-                           "bytes": entry["bytes"],
-                           "sha256": hashlib.sha256(seal.encode()).hexdigest()})
+        shard_list.append(
+            {
+                "index": s,
+                "samples": entry["samples"],
+                "tokens": entry["tokens"],
+                "bytes": entry["bytes"],
+                "sha256": hashlib.sha256(seal.encode()).hexdigest(),
+            }
+        )
     manifest = {
         "format": "eagle3-pipeline/hidden-states@1",
         "root": str(hs_root),
@@ -177,8 +207,7 @@ def build(target_dir: str | Path, out_dir: str | Path, rows: list[list[int]],
         "final_layer_id": n_layers,
         "hidden_size": hidden,
         "storage": storage,
-        "target": {"model_path": str(target_dir), "num_layers": n_layers,
-                   "vocab_size": vocab},
+        "target": {"model_path": str(target_dir), "num_layers": n_layers, "vocab_size": vocab},
         "shards": shard_list,
         "verification": {"source": "tests/hidden_states_fixture.py (transformers forward)"},
         "provenance": {"fixture": True},
@@ -186,15 +215,23 @@ def build(target_dir: str | Path, out_dir: str | Path, rows: list[list[int]],
     (hs_root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
     # --- prepare-format dataset --------------------------------------------------------------
-    features = Features({"input_ids": Sequence(Value("int64")),
-                         "loss_mask": Sequence(Value("int64")),
-                         "seq_len": Value("int64"), "sample_id": Value("string")})
-    ds = Dataset.from_dict({
-        "input_ids": rows,
-        "loss_mask": loss_masks,
-        "seq_len": [len(r) for r in rows],
-        "sample_id": [f"s{i}" for i in range(len(rows))],
-    }, features=features)
+    features = Features(
+        {
+            "input_ids": Sequence(Value("int64")),
+            "loss_mask": Sequence(Value("int64")),
+            "seq_len": Value("int64"),
+            "sample_id": Value("string"),
+        }
+    )
+    ds = Dataset.from_dict(
+        {
+            "input_ids": rows,
+            "loss_mask": loss_masks,
+            "seq_len": [len(r) for r in rows],
+            "sample_id": [f"s{i}" for i in range(len(rows))],
+        },
+        features=features,
+    )
     if torch_format:
         ds.set_format(type="torch")
     ds_dir = out / "dataset"
@@ -215,5 +252,10 @@ def build(target_dir: str | Path, out_dir: str | Path, rows: list[list[int]],
     np.save(vdir / "t2d.npy", t2d.numpy())
     torch.save(freq, vdir / "token_freq.pt")
 
-    return {"dataset": ds_dir, "manifest": hs_root / "manifest.json",
-            "hidden_states": hs_root, "d2t": vdir / "d2t.npy", "t2d": vdir / "t2d.npy"}
+    return {
+        "dataset": ds_dir,
+        "manifest": hs_root / "manifest.json",
+        "hidden_states": hs_root,
+        "d2t": vdir / "d2t.npy",
+        "t2d": vdir / "t2d.npy",
+    }

@@ -20,8 +20,18 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 if not Path(SNAKEMAKE).exists():  # an interpreter outside a venv: take the one on PATH
     SNAKEMAKE = shutil.which("snakemake") or SNAKEMAKE
 
-STAGES = ("target", "prompts", "synth", "prepare", "vocab", "extract", "extract_gather",
-          "train", "bench", "report")
+STAGES = (
+    "target",
+    "prompts",
+    "synth",
+    "prepare",
+    "vocab",
+    "extract",
+    "extract_gather",
+    "train",
+    "bench",
+    "report",
+)
 # Which stages consume each stage's outputs (from rules/*.smk), for "what reruns downstream".
 CONSUMERS = {
     "target": {"synth", "vocab", "extract", "train", "bench", "report"},
@@ -97,8 +107,13 @@ def env_for(src: Path) -> dict[str, str]:
     return env
 
 
-def snakemake(*args: str, repo: Path = REPO, workdir: Path | None = None,
-              check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+def snakemake(
+    *args: str,
+    repo: Path = REPO,
+    workdir: Path | None = None,
+    check: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
     """Run `snakemake --snakefile <repo>/Snakefile [--directory workdir] args...`.
 
     With a working directory other than the checkout, the Snakefile's relative
@@ -108,8 +123,9 @@ def snakemake(*args: str, repo: Path = REPO, workdir: Path | None = None,
     if workdir is not None:
         cmd += ["--directory", str(workdir)]
     cmd += list(args)
-    proc = subprocess.run(cmd, cwd=repo, env=env_for(repo / "src"), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=repo, env=env_for(repo / "src"), capture_output=True, text=True, timeout=timeout
+    )
     proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.output}")
@@ -123,8 +139,16 @@ def plan(*args: str, **kw) -> list[Job]:
 
 def copy_repo(dest: Path) -> Path:
     """A copy of what the workflow needs, so a test may edit library files and run in it."""
-    for name in ("Snakefile", "rules", "workflow_scripts", "config", "src", "report",
-                 "profiles", "envs"):
+    for name in (
+        "Snakefile",
+        "rules",
+        "workflow_scripts",
+        "config",
+        "src",
+        "report",
+        "profiles",
+        "envs",
+    ):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -11,10 +11,18 @@ from eagle3_pipeline import fileio
 
 def record(rid: str, prompt: list, completion: list, **extra) -> dict:
     """A synth record as the synth stage writes it (messages and text are only decoration)."""
-    return {"id": rid, "source": "test", "messages": [{"role": "user", "content": "hi"}],
-            "prompt_token_ids": prompt, "completion_token_ids": completion,
-            "content": "text", "reasoning": None, "finish_reason": "stop", "latency_s": 0.1,
-            **extra}
+    return {
+        "id": rid,
+        "source": "test",
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "content": "text",
+        "reasoning": None,
+        "finish_reason": "stop",
+        "latency_s": 0.1,
+        **extra,
+    }
 
 
 def write_records(path: Path, rows: list[dict]) -> Path:

@@ -16,8 +16,12 @@ POS = bench.PER_POS
 
 
 def counters(drafts, draft_tokens, accepted, per_pos):
-    return {bench.SPEC_COUNTERS[0]: drafts, bench.SPEC_COUNTERS[1]: draft_tokens,
-            bench.SPEC_COUNTERS[2]: accepted, POS: dict(enumerate(per_pos))}
+    return {
+        bench.SPEC_COUNTERS[0]: drafts,
+        bench.SPEC_COUNTERS[1]: draft_tokens,
+        bench.SPEC_COUNTERS[2]: accepted,
+        POS: dict(enumerate(per_pos)),
+    }
 
 
 def test_acceptance_from_counter_deltas():
@@ -32,23 +36,31 @@ def test_acceptance_from_counter_deltas():
 
 def test_scrape_parses_vllm_prometheus_text(monkeypatch):
     text = (
-        '# TYPE vllm:spec_decode_num_drafts counter\n'
+        "# TYPE vllm:spec_decode_num_drafts counter\n"
         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0\n'
         'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9\n'
-        '# TYPE vllm:spec_decode_num_draft_tokens counter\n'
+        "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
         'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 120.0\n'
-        '# TYPE vllm:spec_decode_num_accepted_tokens counter\n'
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
         'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 50.0\n'
-        '# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n'
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 30.0\n'
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0\n'
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0\n')
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0\n'
+    )
 
     class Resp:
-        def __init__(self, body): self.body = body
-        def read(self): return self.body.encode()
-        def __enter__(self): return self
-        def __exit__(self, *a): return False
+        def __init__(self, body):
+            self.body = body
+
+        def read(self):
+            return self.body.encode()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
 
     monkeypatch.setattr(bench.urllib.request, "urlopen", lambda url, timeout: Resp(text))
     c = bench.scrape("http://127.0.0.1:1/v1")
@@ -58,7 +70,8 @@ def test_scrape_parses_vllm_prometheus_text(monkeypatch):
 
 def test_predicted_acceptance_length():
     assert bench.predicted_acceptance_length([0.8, 0.5, 0.5], 3) == pytest.approx(
-        1 + 0.8 + 0.4 + 0.2)
+        1 + 0.8 + 0.4 + 0.2
+    )
     # positions past the trained TTT steps reuse the last conditional accuracy
     assert bench.predicted_acceptance_length([0.5], 2) == pytest.approx(1.75)
     assert bench.predicted_acceptance_length([], 3) is None
@@ -70,13 +83,25 @@ def test_compare_outputs_reports_first_difference():
 
 
 def run_row(tau, drafts=100):
-    return {"prompt_set": "mtbench", "k": 3, "temperature": 0.0, "concurrency": 1,
-            "drafts": drafts, "acceptance_length": tau, "per_position": [0.1, 0.0, 0.0],
-            "predicted_acceptance_length": 2.4, "tokens_per_s": 10.0,
-            "baseline_tokens_per_s": 11.0, "speedup": 10 / 11, "requests": 3,
-            "latency_s": {}, "baseline_latency_s": {}, "output_tokens": 30,
-            "baseline_output_tokens": 30,
-            "outputs_vs_baseline": {"compared": 3, "differing": 0, "examples": []}}
+    return {
+        "prompt_set": "mtbench",
+        "k": 3,
+        "temperature": 0.0,
+        "concurrency": 1,
+        "drafts": drafts,
+        "acceptance_length": tau,
+        "per_position": [0.1, 0.0, 0.0],
+        "predicted_acceptance_length": 2.4,
+        "tokens_per_s": 10.0,
+        "baseline_tokens_per_s": 11.0,
+        "speedup": 10 / 11,
+        "requests": 3,
+        "latency_s": {},
+        "baseline_latency_s": {},
+        "output_tokens": 30,
+        "baseline_output_tokens": 30,
+        "outputs_vs_baseline": {"compared": 3, "differing": 0, "examples": []},
+    }
 
 
 def test_untrained_drafter_is_announced_loudly(tmp_path):
@@ -85,11 +110,27 @@ def test_untrained_drafter_is_announced_loudly(tmp_path):
     assert not verdict["ok"] and verdict["message"].startswith("DRAFTER NOT WORKING")
     assert not bench.judge([run_row(None, drafts=0)], cfg)["ok"]
     assert bench.judge([run_row(2.2)], cfg)["ok"]
-    metrics = {"runs": [run_row(1.01)], "verdict": verdict,
-               "consistency": {"ok": True, "drafter": {}}}
-    html = report.render_html("r", report.sections(
-        {"bench": metrics, "synth": {}, "manifest": {}, "train": {}, "vocab": {}, "prompts": {},
-         "prepare": {}}, cfg), {})
+    metrics = {
+        "runs": [run_row(1.01)],
+        "verdict": verdict,
+        "consistency": {"ok": True, "drafter": {}},
+    }
+    html = report.render_html(
+        "r",
+        report.sections(
+            {
+                "bench": metrics,
+                "synth": {},
+                "manifest": {},
+                "train": {},
+                "vocab": {},
+                "prompts": {},
+                "prepare": {},
+            },
+            cfg,
+        ),
+        {},
+    )
     assert "class='banner bad'>DRAFTER NOT WORKING" in html
 
 
@@ -108,8 +149,10 @@ def test_measured_far_below_predicted_flags_a_mismatch():
 def trained(resumed_run, fixture_data):
     """The drafter the train tests trained (once per session) on real SmolLM2 hidden states."""
     manifest = json.loads(Path(fixture_data["manifest"]).read_text())
-    return {"dir": Path(resumed_run["kwargs"]["drafter_dir"]),
-            "aux_layer_ids": manifest["aux_layer_ids"]}
+    return {
+        "dir": Path(resumed_run["kwargs"]["drafter_dir"]),
+        "aux_layer_ids": manifest["aux_layer_ids"],
+    }
 
 
 def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
@@ -148,14 +191,25 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     train_metrics = tmp_path / "metrics.json"
     write_json(train_metrics, {"epochs": []})
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user",
-                                                            "content": "hi"}]}) + "\n")
+    prompts.write_text(
+        json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
+    )
     cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4})
     cfg["vllm"]["startup_timeout_s"] = 600
-    with pytest.raises(bench.BenchError, match="vLLM failed to start the server with the "
-                                               "drafter") as err:
-        bench.run(target_json, bad, manifest, train_metrics, {"x": str(prompts)},
-                  tmp_path / "out.json", cfg["bench"], cfg["vllm"], tmp_path / "log")
+    with pytest.raises(
+        bench.BenchError, match="vLLM failed to start the server with the drafter"
+    ) as err:
+        bench.run(
+            target_json,
+            bad,
+            manifest,
+            train_metrics,
+            {"x": str(prompts)},
+            tmp_path / "out.json",
+            cfg["bench"],
+            cfg["vllm"],
+            tmp_path / "log",
+        )
     # The cause (a weight of the wrong shape) is named ahead of the log tail, which on its own
     # only says that the engine core failed.
     cause = str(err.value).split("Last log lines")[0]

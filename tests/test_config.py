@@ -35,67 +35,130 @@ def set_key(cfg: dict, dotted: str, value) -> dict:
 
 # (dotted key to set, value, expected fragments of the one problem line)
 INVALID = {
-    "type: integer": ("vllm.max_model_len", "big",
-                      ["`vllm.max_model_len`", "expected integer, got 'big' (str)"]),
-    "type: list for integer": ("synth.concurrency", [4],
-                               ["`synth.concurrency`", "expected integer, got [4] (list)"]),
+    "type: integer": (
+        "vllm.max_model_len",
+        "big",
+        ["`vllm.max_model_len`", "expected integer, got 'big' (str)"],
+    ),
+    "type: list for integer": (
+        "synth.concurrency",
+        [4],
+        ["`synth.concurrency`", "expected integer, got [4] (list)"],
+    ),
     "type: section": ("target", None, ["`target`", "expected object, got None"]),
-    "enum": ("vllm.device", "tpu",
-             ["`vllm.device`", "expected one of ['cpu', 'cuda'], got 'tpu'"]),
+    "enum": ("vllm.device", "tpu", ["`vllm.device`", "expected one of ['cpu', 'cuda'], got 'tpu'"]),
     "minimum": ("extract.jobs", 0, ["`extract.jobs`", "expected a number >= 1, got 0"]),
     "exclusive minimum": ("train.lr", 0, ["`train.lr`", "expected a number > 0, got 0"]),
-    "maximum": ("prompts.max_bad_fraction", 1.5,
-                ["`prompts.max_bad_fraction`", "expected a number <= 1, got 1.5"]),
-    "unknown key, top level": ("modle", "x",
-                               ["`modle`", "unknown key", "allowed at the top level",
-                                "target"]),
-    "unknown key, nested": ("train.epoch", 3,
-                            ["`train.epoch`", "unknown key", "did you mean `train.epochs`?"]),
-    "pattern: run name": ("run", "my run/1",
-                          ["`run`", "'my run/1' does not match the pattern",
-                           "run name; outputs go to <results_dir>/<run>/"]),
-    "pattern: endpoint": ("synth.endpoint", "localhost:8000",
-                          ["`synth.endpoint`", "does not match the pattern '^https?://'"]),
-    "oneOf: vocab size string": ("vocab.draft_vocab_size", "lots",
-                                 ["`vocab.draft_vocab_size`",
-                                  "expected integer >= 1 or 'auto', got 'lots'"]),
-    "oneOf: vocab size 0": ("vocab.draft_vocab_size", 0,
-                            ["`vocab.draft_vocab_size`", "expected a number >= 1, got 0"]),
-    "uniqueItems": ("extract.layer_ids", [2, 2],
-                    ["`extract.layer_ids`", "items must be unique, got [2, 2]"]),
-    "minItems": ("prompts.train", [],
-                 ["`prompts.train`", "expected a list with at least 1 item(s), got 0"]),
-    "required": ("prompts.train", [{"n": 5}],
-                 ["`prompts.train[0]`", "'source' is required"]),
-    "bench set not defined": ("bench.prompt_sets", ["mtbench", "gsm8k"],
-                              ["`bench.prompt_sets`", "'gsm8k' is not defined in prompts.bench",
-                               "defined: ['humaneval', 'mtbench']"]),
-    "local target without path": ("target.source", "local",
-                                  ["`target.path`", "required when target.source is 'local'"]),
-    "tensor parallel on cpu": ("vllm.tensor_parallel_size", 2,
-                               ["`vllm.tensor_parallel_size`",
-                                "must be 1 when vllm.device is 'cpu'"]),
-    "layer ids unsorted": ("extract.layer_ids", [15, 2, 27],
-                           ["`extract.layer_ids`", "must be in increasing order, got [15, 2, 27]"]),
-    "seq_length above max_model_len": ("prepare.seq_length", 4096,
-                                       ["`prepare.seq_length`", "must not exceed vllm.max_model_len",
-                                        "(4096 > 2048)"]),
-    "fsdp on cpu": ("train.fsdp", True,
-                    ["`train.fsdp`", "FSDP needs GPUs, but train.gpus is 0"]),
-    "flex attention on cpu": ("train.attn_impl", "simple_flex_attention",
-                              ["`train.attn_impl`", "no CPU backward"]),
-    "file source without path": ("prompts.train", [{"source": "file"}],
-                                 ["`prompts.train[0].path`", "required for source 'file'"]),
-    "file source, missing file": ("prompts.train", [{"source": "file", "path": "/nonexistent.jsonl"}],
-                                  ["`prompts.train[0].path`",
-                                   "file '/nonexistent.jsonl' not found"]),
-    "bench set name twice": ("prompts.bench", [{"source": "mtbench"}, {"source": "mtbench"},
-                                               {"source": "humaneval"}],
-                             ["`prompts.bench[1].name`", "'mtbench' is used twice"]),
-    "bench set name pattern": ("prompts.bench", [{"name": "my set", "source": "mtbench"}],
-                               ["`prompts.bench[0].name`", "does not match the pattern"]),
-    "api key without endpoint": ("synth.api_key_env", "MY_KEY",
-                                 ["`synth.api_key_env`", "only used with synth.endpoint"]),
+    "maximum": (
+        "prompts.max_bad_fraction",
+        1.5,
+        ["`prompts.max_bad_fraction`", "expected a number <= 1, got 1.5"],
+    ),
+    "unknown key, top level": (
+        "modle",
+        "x",
+        ["`modle`", "unknown key", "allowed at the top level", "target"],
+    ),
+    "unknown key, nested": (
+        "train.epoch",
+        3,
+        ["`train.epoch`", "unknown key", "did you mean `train.epochs`?"],
+    ),
+    "pattern: run name": (
+        "run",
+        "my run/1",
+        [
+            "`run`",
+            "'my run/1' does not match the pattern",
+            "run name; outputs go to <results_dir>/<run>/",
+        ],
+    ),
+    "pattern: endpoint": (
+        "synth.endpoint",
+        "localhost:8000",
+        ["`synth.endpoint`", "does not match the pattern '^https?://'"],
+    ),
+    "oneOf: vocab size string": (
+        "vocab.draft_vocab_size",
+        "lots",
+        ["`vocab.draft_vocab_size`", "expected integer >= 1 or 'auto', got 'lots'"],
+    ),
+    "oneOf: vocab size 0": (
+        "vocab.draft_vocab_size",
+        0,
+        ["`vocab.draft_vocab_size`", "expected a number >= 1, got 0"],
+    ),
+    "uniqueItems": (
+        "extract.layer_ids",
+        [2, 2],
+        ["`extract.layer_ids`", "items must be unique, got [2, 2]"],
+    ),
+    "minItems": (
+        "prompts.train",
+        [],
+        ["`prompts.train`", "expected a list with at least 1 item(s), got 0"],
+    ),
+    "required": ("prompts.train", [{"n": 5}], ["`prompts.train[0]`", "'source' is required"]),
+    "bench set not defined": (
+        "bench.prompt_sets",
+        ["mtbench", "gsm8k"],
+        [
+            "`bench.prompt_sets`",
+            "'gsm8k' is not defined in prompts.bench",
+            "defined: ['humaneval', 'mtbench']",
+        ],
+    ),
+    "local target without path": (
+        "target.source",
+        "local",
+        ["`target.path`", "required when target.source is 'local'"],
+    ),
+    "tensor parallel on cpu": (
+        "vllm.tensor_parallel_size",
+        2,
+        ["`vllm.tensor_parallel_size`", "must be 1 when vllm.device is 'cpu'"],
+    ),
+    "layer ids unsorted": (
+        "extract.layer_ids",
+        [15, 2, 27],
+        ["`extract.layer_ids`", "must be in increasing order, got [15, 2, 27]"],
+    ),
+    "seq_length above max_model_len": (
+        "prepare.seq_length",
+        4096,
+        ["`prepare.seq_length`", "must not exceed vllm.max_model_len", "(4096 > 2048)"],
+    ),
+    "fsdp on cpu": ("train.fsdp", True, ["`train.fsdp`", "FSDP needs GPUs, but train.gpus is 0"]),
+    "flex attention on cpu": (
+        "train.attn_impl",
+        "simple_flex_attention",
+        ["`train.attn_impl`", "no CPU backward"],
+    ),
+    "file source without path": (
+        "prompts.train",
+        [{"source": "file"}],
+        ["`prompts.train[0].path`", "required for source 'file'"],
+    ),
+    "file source, missing file": (
+        "prompts.train",
+        [{"source": "file", "path": "/nonexistent.jsonl"}],
+        ["`prompts.train[0].path`", "file '/nonexistent.jsonl' not found"],
+    ),
+    "bench set name twice": (
+        "prompts.bench",
+        [{"source": "mtbench"}, {"source": "mtbench"}, {"source": "humaneval"}],
+        ["`prompts.bench[1].name`", "'mtbench' is used twice"],
+    ),
+    "bench set name pattern": (
+        "prompts.bench",
+        [{"name": "my set", "source": "mtbench"}],
+        ["`prompts.bench[0].name`", "does not match the pattern"],
+    ),
+    "api key without endpoint": (
+        "synth.api_key_env",
+        "MY_KEY",
+        ["`synth.api_key_env`", "only used with synth.endpoint"],
+    ),
 }
 
 
@@ -115,8 +178,10 @@ def test_local_target_path_without_config_json(tmp_path):
     cfg = default()
     cfg["target"] = {"source": "local", "path": str(tmp_path)}
     message = problems_of(cfg)
-    assert f"config key `target.path`: '{tmp_path}' is not a model directory " \
-           "(no config.json there)" in message
+    assert (
+        f"config key `target.path`: '{tmp_path}' is not a model directory "
+        "(no config.json there)" in message
+    )
     (tmp_path / "config.json").write_text("{}")
     cfglib.validate(cfg)  # now it is one
 
@@ -156,12 +221,16 @@ def test_keys_are_sorted_so_param_reprs_do_not_depend_on_order():
 
 def test_command_line_strings_are_read_as_the_values_they_spell():
     # `snakemake --config 'vllm={tensor_parallel_size: 8}'` delivers nested values as strings.
-    cfg = cfglib.validate({"run": "123", "vllm": {"device": "cuda", "tensor_parallel_size": "8",
-                                                 "enforce_eager": "false"},
-                           "train": {"lr": "1e-4", "gpus": "2", "fsdp": "true"},
-                           "vocab": {"draft_vocab_size": "4096"},
-                           "bench": {"concurrency": ["1", "8"]},
-                           "synth": {"seed": "null"}})
+    cfg = cfglib.validate(
+        {
+            "run": "123",
+            "vllm": {"device": "cuda", "tensor_parallel_size": "8", "enforce_eager": "false"},
+            "train": {"lr": "1e-4", "gpus": "2", "fsdp": "true"},
+            "vocab": {"draft_vocab_size": "4096"},
+            "bench": {"concurrency": ["1", "8"]},
+            "synth": {"seed": "null"},
+        }
+    )
     assert cfg["run"] == "123"  # a string where the schema wants one stays a string
     assert cfg["vllm"]["tensor_parallel_size"] == 8 and cfg["vllm"]["enforce_eager"] is False
     assert cfg["train"]["lr"] == 1e-4 and cfg["train"]["gpus"] == 2 and cfg["train"]["fsdp"]
@@ -225,12 +294,22 @@ def test_kimi_reasoning_parser_exists_in_installed_vllm():
 
 # ---- through the CLI -------------------------------------------------------------------------
 
+
 def test_cli_bad_value_fails_before_any_job(tmp_path):
-    proc = snakemake("-n", "--configfile", str(REPO / "config" / "config.yaml"),
-                     "--config", "vllm={max_model_len: -1}", workdir=tmp_path, check=False)
+    proc = snakemake(
+        "-n",
+        "--configfile",
+        str(REPO / "config" / "config.yaml"),
+        "--config",
+        "vllm={max_model_len: -1}",
+        workdir=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 1
-    assert "Invalid configuration:\n  - config key `vllm.max_model_len`: expected a number " \
-           ">= 1, got -1" in proc.output
+    assert (
+        "Invalid configuration:\n  - config key `vllm.max_model_len`: expected a number "
+        ">= 1, got -1" in proc.output
+    )
     assert "Building DAG of jobs" not in proc.output and "Traceback" not in proc.output
 
 

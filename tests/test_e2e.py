@@ -19,9 +19,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    cmd = [str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(workdir), "--configfile", str(REPO / "tests/configs/ci.yaml"),
-           "--cores", "2", *args]
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(REPO / "tests/configs/ci.yaml"),
+        "--cores",
+        "2",
+        *args,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

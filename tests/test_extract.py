@@ -22,22 +22,45 @@ from conftest import default_config
 
 pytestmark = pytest.mark.server
 
-TOPICS = ["rivers", "planets", "bread", "violins", "volcanoes", "owls", "chess", "glaciers",
-          "bridges", "tea", "comets", "maps"]
+TOPICS = [
+    "rivers",
+    "planets",
+    "bread",
+    "violins",
+    "volcanoes",
+    "owls",
+    "chess",
+    "glaciers",
+    "bridges",
+    "tea",
+    "comets",
+    "maps",
+]
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory, target_json, vllm_server):
     tmp = tmp_path_factory.mktemp("extract-data")
-    rows = [{"id": f"x:{i}", "messages": [{"role": "user", "content": f"Tell me about {t}."}]}
-            for i, t in enumerate(TOPICS)]
+    rows = [
+        {"id": f"x:{i}", "messages": [{"role": "user", "content": f"Tell me about {t}."}]}
+        for i, t in enumerate(TOPICS)
+    ]
     write_jsonl_zst(tmp / "prompts.jsonl.zst", rows)
-    cfg = default_config(synth={"endpoint": vllm_server.base_url, "max_tokens": 40,
-                                "concurrency": 6})
-    synth.run(target_json, tmp / "prompts.jsonl.zst", tmp / "synth.jsonl.zst",
-              tmp / "synth.json", cfg["synth"], cfg["vllm"], tmp / ".partial")
-    prepare.build_dataset(tmp / "synth.jsonl.zst", tmp / "dataset", tmp / "prepare.json",
-                          seq_length=512, seed=0)
+    cfg = default_config(
+        synth={"endpoint": vllm_server.base_url, "max_tokens": 40, "concurrency": 6}
+    )
+    synth.run(
+        target_json,
+        tmp / "prompts.jsonl.zst",
+        tmp / "synth.jsonl.zst",
+        tmp / "synth.json",
+        cfg["synth"],
+        cfg["vllm"],
+        tmp / ".partial",
+    )
+    prepare.build_dataset(
+        tmp / "synth.jsonl.zst", tmp / "dataset", tmp / "prepare.json", seq_length=512, seed=0
+    )
     return tmp / "dataset"
 
 
@@ -47,8 +70,16 @@ def extract_cfg(**kw) -> dict:
 
 
 def run_part(root: Path, target_json, dataset, cfg, part=0, jobs=1):
-    return extract.run_part(part, jobs, target_json, dataset, root,
-                            root / "parts" / f"part_{part}.json", cfg["extract"], cfg["vllm"])
+    return extract.run_part(
+        part,
+        jobs,
+        target_json,
+        dataset,
+        root,
+        root / "parts" / f"part_{part}.json",
+        cfg["extract"],
+        cfg["vllm"],
+    )
 
 
 def test_extraction_is_verified_and_matches_transformers(tmp_path, target_json, dataset):
@@ -59,13 +90,17 @@ def test_extraction_is_verified_and_matches_transformers(tmp_path, target_json, 
     assert v["next_token_agreement"] >= 0.99 and v["next_token_positions"] > 100
     # bf16 storage of an fp32 server: rounding only (2^-9 relative)
     assert v["reference"]["max_rel_error"] < 0.01
-    assert len(m["shards"]) == 3 and all((shards.shard_dir(tmp_path / "hs", s["index"])
-                                          / "shard.json").exists() for s in m["shards"])
+    assert len(m["shards"]) == 3 and all(
+        (shards.shard_dir(tmp_path / "hs", s["index"]) / "shard.json").exists() for s in m["shards"]
+    )
     t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
     assert t["hidden_states"].dtype == torch.bfloat16
     assert t["hidden_states"].shape[1:] == (4, 576)
-    manifest = extract.gather([tmp_path / "hs" / "parts" / "part_0.json"],
-                              tmp_path / "hs" / "manifest.json", cfg["extract"])
+    manifest = extract.gather(
+        [tmp_path / "hs" / "parts" / "part_0.json"],
+        tmp_path / "hs" / "manifest.json",
+        cfg["extract"],
+    )
     assert manifest["num_samples"] == len(TOPICS)
     assert manifest["bytes_per_token"] == pytest.approx(4 * 576 * 2, rel=0.02)
 
@@ -96,8 +131,12 @@ def test_kill9_resume_and_corrupt_files(tmp_path, target_json, dataset):
     root = tmp_path / "hs"
     cfg = extract_cfg(concurrency=1, reference_forward="never")
     args = {"target": str(target_json), "dataset": str(dataset), "root": str(root), "cfg": cfg}
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     t0 = time.monotonic()
     while stored(root) < 5 and time.monotonic() - t0 < 600:
         assert proc.poll() is None, proc.stdout.read()
@@ -131,8 +170,9 @@ def test_fp8_storage_halves_the_bytes(tmp_path, target_json, dataset):
     m = run_part(tmp_path / "hs", target_json, dataset, cfg)
     t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
     assert t["hidden_states"].dtype == torch.float8_e4m3fn and shards.SCALES_KEY in t
-    bf16_bytes = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in
-                     [s["tokens"] for s in m["shards"]])
+    bf16_bytes = sum(
+        extract.sample_bytes(n, 4, 576, "bf16") for n in [s["tokens"] for s in m["shards"]]
+    )
     assert m["bytes"] / bf16_bytes < 0.55
     assert m["verification"]["next_token_agreement"] >= 0.95
     assert m["verification"]["reference"]["max_rel_error"] < 0.05

@@ -23,7 +23,9 @@ def greedy_row(target_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three rivers in Europe."}],
-        add_generation_prompt=True, return_dict=True)["input_ids"]
+        add_generation_prompt=True,
+        return_dict=True,
+    )["input_ids"]
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
     ids = out[0].tolist()
@@ -41,8 +43,9 @@ def probe(target_json, target_dir):
 
 
 def test_probe_agrees_with_greedy_answers(greedy_row, probe):
-    hits, checked = probe.agreement(greedy_row["hidden"][:, -1], greedy_row["ids"],
-                                    greedy_row["mask"], 256)
+    hits, checked = probe.agreement(
+        greedy_row["hidden"][:, -1], greedy_row["ids"], greedy_row["mask"], 256
+    )
     assert checked == 24 and hits == checked
 
 
@@ -121,8 +124,13 @@ def _fake_sample(root: Path, i: int, s: int, payload: bytes) -> dict:
     p = shards.sample_path(root, i, s)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(payload)
-    return {"index": i, "tokens": 3, "bytes": len(payload),
-            "sha256": hashlib.sha256(payload).hexdigest(), "agree": [3, 3]}
+    return {
+        "index": i,
+        "tokens": 3,
+        "bytes": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "agree": [3, 3],
+    }
 
 
 def test_shard_book_seals_resumes_and_redoes_corrupt_files(tmp_path):
@@ -131,7 +139,7 @@ def test_shard_book_seals_resumes_and_redoes_corrupt_files(tmp_path):
     for i in range(5):
         book.record(_fake_sample(tmp_path, i, 3, f"sample-{i}".encode()))
     book.close()
-    assert (shards.shard_dir(tmp_path, 0) / "shard.json").exists()      # 0..2 complete
+    assert (shards.shard_dir(tmp_path, 0) / "shard.json").exists()  # 0..2 complete
     assert not (shards.shard_dir(tmp_path, 1) / "shard.json").exists()  # 3..5 open
     # A file written right before a kill but never journaled is not trusted.
     shards.sample_path(tmp_path, 5, 3).write_bytes(b"torn")
@@ -151,12 +159,27 @@ def test_shard_book_seals_resumes_and_redoes_corrupt_files(tmp_path):
 
 def test_gather_checks_parts_agree_and_cover_all(tmp_path):
     def part(k, lo, hi, **kw):
-        m = {"part": k, "samples": [lo, hi], "tokens": 10, "bytes": 100, "root": "/r",
-             "layer_ids": [2, 15, 27, 30], "aux_layer_ids": [2, 15, 27], "final_layer_id": 30,
-             "hidden_size": 576, "storage": "bf16", "samples_per_shard": 4, "shards": [],
-             "this_run": {}, "verification": {"samples_checked": hi - lo,
-                                              "next_token_agreement": 1.0,
-                                              "next_token_positions": 5, "reference": None}}
+        m = {
+            "part": k,
+            "samples": [lo, hi],
+            "tokens": 10,
+            "bytes": 100,
+            "root": "/r",
+            "layer_ids": [2, 15, 27, 30],
+            "aux_layer_ids": [2, 15, 27],
+            "final_layer_id": 30,
+            "hidden_size": 576,
+            "storage": "bf16",
+            "samples_per_shard": 4,
+            "shards": [],
+            "this_run": {},
+            "verification": {
+                "samples_checked": hi - lo,
+                "next_token_agreement": 1.0,
+                "next_token_positions": 5,
+                "reference": None,
+            },
+        }
         m.update(kw)
         write_json(tmp_path / f"part_{k}.json", m)
         return tmp_path / f"part_{k}.json"
@@ -164,10 +187,8 @@ def test_gather_checks_parts_agree_and_cover_all(tmp_path):
     cfg = {"storage": "bf16"}
     m = extract.gather([part(0, 0, 4), part(1, 4, 6)], tmp_path / "manifest.json", cfg)
     assert m["num_samples"] == 6 and m["verification"]["next_token_agreement"] == 1.0
-    assert json.loads((tmp_path / "manifest.json").read_text())["format"] == \
-        shards.MANIFEST_FORMAT
+    assert json.loads((tmp_path / "manifest.json").read_text())["format"] == shards.MANIFEST_FORMAT
     with pytest.raises(extract.ExtractError, match="starts at sample"):
         extract.gather([part(0, 0, 4), part(1, 5, 6)], tmp_path / "m2.json", cfg)
     with pytest.raises(extract.ExtractError, match="disagree on layer_ids"):
-        extract.gather([part(0, 0, 4), part(1, 4, 6, layer_ids=[1, 2])], tmp_path / "m3.json",
-                       cfg)
+        extract.gather([part(0, 0, 4), part(1, 4, 6, layer_ids=[1, 2])], tmp_path / "m3.json", cfg)

@@ -33,10 +33,14 @@ with GpuLease(count, devices=devices, lock_dir=lock_dir, poll_s=0.05) as got:
 """
 
 
-def start_holder(tmp_path: Path, name: str, count: int, devices: str) -> tuple[subprocess.Popen, Path]:
+def start_holder(
+    tmp_path: Path, name: str, count: int, devices: str
+) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / f"{name}.txt"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(count), devices,
-                             str(tmp_path / "locks"), str(out)], env=env_for(REPO / "src"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(count), devices, str(tmp_path / "locks"), str(out)],
+        env=env_for(REPO / "src"),
+    )
     return proc, out
 
 
@@ -56,12 +60,15 @@ def release(out: Path, proc: subprocess.Popen) -> None:
 
 # ---- require_gpus --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("granted", [4, 0, None])
 def test_require_gpus_names_rule_need_and_fix(granted):
     with pytest.raises(gpus.GpuAllocationError) as err:
         gpus.require_gpus(8, granted, "extract")
     msg = str(err.value)
-    assert f"rule extract needs 8 GPU(s) (tensor parallel size) but Snakemake granted {granted}" in msg
+    assert (
+        f"rule extract needs 8 GPU(s) (tensor parallel size) but Snakemake granted {granted}" in msg
+    )
     assert "--resources gpus=8" in msg
 
 
@@ -73,8 +80,14 @@ def test_require_gpus_accepts_enough_and_cpu_jobs():
 
 def test_job_start_fails_when_snakemake_scaled_the_job_down(tmp_path):
     # What a job sees when run with --resources gpus=4 but TP=8 (Snakemake scales down silently).
-    job = SimpleNamespace(log=[str(tmp_path / "job.log")], rule="synth",
-                          resources=SimpleNamespace(gpus=4), input=[], output=[], params=None)
+    job = SimpleNamespace(
+        log=[str(tmp_path / "job.log")],
+        rule="synth",
+        resources=SimpleNamespace(gpus=4),
+        input=[],
+        output=[],
+        params=None,
+    )
     called = []
     root = logging.getLogger()
     handlers, level, sigterm = list(root.handlers), root.level, signal.getsignal(signal.SIGTERM)
@@ -96,6 +109,7 @@ def test_job_start_fails_when_snakemake_scaled_the_job_down(tmp_path):
 
 
 # ---- which devices -------------------------------------------------------------------------
+
 
 def test_visible_devices_respects_cuda_visible_devices():
     assert gpus.visible_devices({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
@@ -123,6 +137,7 @@ def test_zero_gpu_lease_takes_nothing(tmp_path, monkeypatch):
 
 
 # ---- exclusivity across processes ------------------------------------------------------------
+
 
 def test_two_one_gpu_jobs_get_different_devices(tmp_path):
     a, out_a = start_holder(tmp_path, "a", 1, "0,1")

@@ -37,8 +37,9 @@ def speculators_data():
 def build(tmp_path, rows, seq_length=SEQ, seed=0, name="dataset"):
     records = write_records(tmp_path / "synth" / "synth.jsonl.zst", rows)
     out = tmp_path / "prepare" / name
-    stats = prepare.build_dataset(records, out, tmp_path / "prepare" / f"{name}.stats.json",
-                                  seq_length=seq_length, seed=seed)
+    stats = prepare.build_dataset(
+        records, out, tmp_path / "prepare" / f"{name}.stats.json", seq_length=seq_length, seed=seed
+    )
     return out, stats
 
 
@@ -46,10 +47,17 @@ def build(tmp_path, rows, seq_length=SEQ, seed=0, name="dataset"):
 # The shared row logic
 # ------------------------------------------------------------------------------------------
 
+
 def test_truncate_lengths_scalar_and_vector():
     # (prompt, completion) -> (seq_len, trainable) at seq_length 8
-    cases = {(3, 2): (5, 2), (3, 10): (8, 5), (7, 5): (8, 1), (8, 1): (8, 0), (12, 3): (8, 0),
-             (1, 7): (8, 7)}
+    cases = {
+        (3, 2): (5, 2),
+        (3, 10): (8, 5),
+        (7, 5): (8, 1),
+        (8, 1): (8, 0),
+        (12, 3): (8, 0),
+        (1, 7): (8, 7),
+    }
     for (p, c), want in cases.items():
         got = prepare.truncate_lengths(p, c, 8)
         assert (int(got[0]), int(got[1])) == want
@@ -59,25 +67,40 @@ def test_truncate_lengths_scalar_and_vector():
     assert trainable.tolist() == [v[1] for v in cases.values()]
 
 
-@pytest.mark.parametrize("rec,reason", [
-    ([1, 2], "not_an_object"),
-    ({"prompt_token_ids": [1], "completion_token_ids": [2]}, "missing_id"),
-    ({"id": 7, "prompt_token_ids": [1], "completion_token_ids": [2]}, "missing_id"),
-    ({"id": "a", "completion_token_ids": [2]}, "missing_prompt_token_ids"),
-    ({"id": "a", "prompt_token_ids": [1]}, "missing_completion_token_ids"),
-    ({"id": "a", "prompt_token_ids": "1 2", "completion_token_ids": [2]},
-     "missing_prompt_token_ids"),
-    ({"id": "a", "prompt_token_ids": [], "completion_token_ids": [2]}, "empty_prompt_token_ids"),
-    ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": []},
-     "empty_completion_token_ids"),
-    ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": [2.0]}, "non_int_token_ids"),
-    ({"id": "a", "prompt_token_ids": [True], "completion_token_ids": [2]}, "non_int_token_ids"),
-    ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": ["2"]}, "non_int_token_ids"),
-    ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": [None]}, "non_int_token_ids"),
-    ({"id": "a", "prompt_token_ids": [-1], "completion_token_ids": [2]}, "token_id_out_of_range"),
-    ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": [2**31]},
-     "token_id_out_of_range"),
-])
+@pytest.mark.parametrize(
+    "rec,reason",
+    [
+        ([1, 2], "not_an_object"),
+        ({"prompt_token_ids": [1], "completion_token_ids": [2]}, "missing_id"),
+        ({"id": 7, "prompt_token_ids": [1], "completion_token_ids": [2]}, "missing_id"),
+        ({"id": "a", "completion_token_ids": [2]}, "missing_prompt_token_ids"),
+        ({"id": "a", "prompt_token_ids": [1]}, "missing_completion_token_ids"),
+        (
+            {"id": "a", "prompt_token_ids": "1 2", "completion_token_ids": [2]},
+            "missing_prompt_token_ids",
+        ),
+        (
+            {"id": "a", "prompt_token_ids": [], "completion_token_ids": [2]},
+            "empty_prompt_token_ids",
+        ),
+        (
+            {"id": "a", "prompt_token_ids": [1], "completion_token_ids": []},
+            "empty_completion_token_ids",
+        ),
+        ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": [2.0]}, "non_int_token_ids"),
+        ({"id": "a", "prompt_token_ids": [True], "completion_token_ids": [2]}, "non_int_token_ids"),
+        ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": ["2"]}, "non_int_token_ids"),
+        ({"id": "a", "prompt_token_ids": [1], "completion_token_ids": [None]}, "non_int_token_ids"),
+        (
+            {"id": "a", "prompt_token_ids": [-1], "completion_token_ids": [2]},
+            "token_id_out_of_range",
+        ),
+        (
+            {"id": "a", "prompt_token_ids": [1], "completion_token_ids": [2**31]},
+            "token_id_out_of_range",
+        ),
+    ],
+)
 def test_check_record_reasons(rec, reason):
     assert prepare.check_record(rec) == reason
 
@@ -92,13 +115,15 @@ def test_iter_line_chunks_splits_on_whole_lines(tmp_path):
     chunks = list(prepare.iter_line_chunks(path, chunk_bytes=1000))
     assert len(chunks) > 10
     assert all(c.endswith(b"\n") for c in chunks)
-    assert [json.loads(line)["id"] for c in chunks for line in c.splitlines()] == \
-        [r["id"] for r in rows]
+    assert [json.loads(line)["id"] for c in chunks for line in c.splitlines()] == [
+        r["id"] for r in rows
+    ]
 
 
 # ------------------------------------------------------------------------------------------
 # The stage
 # ------------------------------------------------------------------------------------------
+
 
 def test_rows_loss_mask_and_truncation(tmp_path):
     rows = [
@@ -106,12 +131,18 @@ def test_rows_loss_mask_and_truncation(tmp_path):
         record("cut", [1, 2, 3], list(range(10, 20))),
         # A multi-turn prompt: earlier user/assistant turns are part of the prompt ids and
         # are context only (not generated by the target): loss only on the completion.
-        record("multi", [1, 40, 41, 2, 42, 3], [50, 51],
-               messages=[{"role": "user", "content": "a"},
-                         {"role": "assistant", "content": "b"},
-                         {"role": "user", "content": "c"}]),
-        record("fills", list(range(100, 108)), [3]),          # prompt == seq_length
-        record("longer", list(range(100, 110)), [3, 4, 5]),   # prompt > seq_length
+        record(
+            "multi",
+            [1, 40, 41, 2, 42, 3],
+            [50, 51],
+            messages=[
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+            ],
+        ),
+        record("fills", list(range(100, 108)), [3]),  # prompt == seq_length
+        record("longer", list(range(100, 110)), [3, 4, 5]),  # prompt > seq_length
         record("edge", list(range(100, 107)), [60, 61, 62]),  # one trainable token left
     ]
     out, stats = build(tmp_path, rows)
@@ -149,17 +180,18 @@ def test_rows_loss_mask_and_truncation(tmp_path):
     assert stats["seq_len"]["mean"] == pytest.approx(29 / 4)
     assert stats["seq_length"] == SEQ and stats["seed"] == 0
     assert stats["provenance"]["params"] == {"seq_length": SEQ, "seed": 0}
-    assert fileio.read_json(tmp_path / "prepare" / "dataset.stats.json") == \
-        json.loads(json.dumps(stats, default=str))
+    assert fileio.read_json(tmp_path / "prepare" / "dataset.stats.json") == json.loads(
+        json.dumps(stats, default=str)
+    )
 
 
 def test_malformed_rows_dropped_by_reason(tmp_path):
     good = [json.dumps(record(f"ok{i}", [1, 2], [3, 4, i])).encode() for i in range(3)]
     bad = [
-        b'{"id": "broken", "prompt_token_ids": [1, 2',                            # invalid_json
-        b'[1, 2, 3]',                                                             # not_an_object
-        b'{"prompt_token_ids": [1], "completion_token_ids": [2]}',               # missing_id
-        b'{"id": "a", "prompt_token_ids": [1]}',                   # missing_completion_token_ids
+        b'{"id": "broken", "prompt_token_ids": [1, 2',  # invalid_json
+        b"[1, 2, 3]",  # not_an_object
+        b'{"prompt_token_ids": [1], "completion_token_ids": [2]}',  # missing_id
+        b'{"id": "a", "prompt_token_ids": [1]}',  # missing_completion_token_ids
         b'{"id": "b", "prompt_token_ids": null, "completion_token_ids": [2]}',
         b'{"id": "c", "prompt_token_ids": [], "completion_token_ids": [2]}',
         b'{"id": "d", "prompt_token_ids": [1], "completion_token_ids": []}',
@@ -168,17 +200,23 @@ def test_malformed_rows_dropped_by_reason(tmp_path):
         b'{"id": "g", "prompt_token_ids": [1], "completion_token_ids": [-3]}',
         b'{"id": "h", "prompt_token_ids": [1], "completion_token_ids": [99999999999]}',
         b'{"id": "i", "prompt_token_ids": [1,2,3,4,5,6,7,8,9], "completion_token_ids": [2]}',
-        b'   ',                                                                   # blank: ignored
+        b"   ",  # blank: ignored
     ]
     path = write_lines(tmp_path / "synth.jsonl.zst", good[:1] + bad + good[1:])
     stats = prepare.build_dataset(path, tmp_path / "ds", tmp_path / "stats.json", SEQ, seed=3)
     assert stats["rows_in"] == 15
     assert stats["rows_kept"] == 3
     assert stats["dropped_by_reason"] == {
-        "invalid_json": 1, "not_an_object": 1, "missing_id": 1,
-        "missing_completion_token_ids": 1, "missing_prompt_token_ids": 1,
-        "empty_prompt_token_ids": 1, "empty_completion_token_ids": 1,
-        "non_int_token_ids": 2, "token_id_out_of_range": 2, "no_trainable_tokens": 1,
+        "invalid_json": 1,
+        "not_an_object": 1,
+        "missing_id": 1,
+        "missing_completion_token_ids": 1,
+        "missing_prompt_token_ids": 1,
+        "empty_prompt_token_ids": 1,
+        "empty_completion_token_ids": 1,
+        "non_int_token_ids": 2,
+        "token_id_out_of_range": 2,
+        "no_trainable_tokens": 1,
     }
     assert stats["rows_dropped"] == 12
     assert sorted(by_id(load(tmp_path / "ds"))) == ["ok0", "ok1", "ok2"]
@@ -211,8 +249,9 @@ def test_written_atomically(tmp_path):
     # a run that fails leaves neither the directory nor its temporary build behind
     records = write_records(tmp_path / "bad.jsonl.zst", [record("x", list(range(20)), [1])])
     with pytest.raises(ValueError, match="no training rows"):
-        prepare.build_dataset(records, tmp_path / "failed" / "dataset",
-                              tmp_path / "failed" / "stats.json", SEQ, 0)
+        prepare.build_dataset(
+            records, tmp_path / "failed" / "dataset", tmp_path / "failed" / "stats.json", SEQ, 0
+        )
     assert list((tmp_path / "failed").iterdir()) == []
 
 
@@ -227,8 +266,9 @@ def test_speculators_arrow_dataset_reads_it(tmp_path, speculators_data):
     hs_dir = tmp_path / "hs"
     hs_dir.mkdir()
 
-    ds = data.ArrowDataset(max_len=SEQ, datapath=out, transfer=FileTransfer(hs_dir),
-                           on_missing="skip")
+    ds = data.ArrowDataset(
+        max_len=SEQ, datapath=out, transfer=FileTransfer(hs_dir), on_missing="skip"
+    )
     assert len(ds) == 6
     assert ds._compute_approx_lengths() == list(plain["seq_len"])
     assert ds.approx_lengths == list(plain["seq_len"])
@@ -240,8 +280,10 @@ def test_speculators_arrow_dataset_reads_it(tmp_path, speculators_data):
     # Row 0 with a hidden-state file as vLLM + speculators write it: 3 aux layers + final.
     seq, hidden = plain[0]["seq_len"], 16
     hs = torch.randn(seq, 4, hidden).to(torch.bfloat16)
-    save_file({"hidden_states": hs, "token_ids": torch.tensor(plain[0]["input_ids"])},
-              str(hs_dir / "hs_0.safetensors"))
+    save_file(
+        {"hidden_states": hs, "token_ids": torch.tensor(plain[0]["input_ids"])},
+        str(hs_dir / "hs_0.safetensors"),
+    )
     item = ds[0]
     assert item["input_ids"].tolist() == plain[0]["input_ids"]
     assert item["loss_mask"].tolist() == plain[0]["loss_mask"]
@@ -251,8 +293,9 @@ def test_speculators_arrow_dataset_reads_it(tmp_path, speculators_data):
     assert item["lengths"].tolist() == [seq]
     assert item["position_ids"].tolist() == list(range(seq))
 
-    strict = data.ArrowDataset(max_len=SEQ, datapath=out, transfer=FileTransfer(hs_dir),
-                               on_missing="raise")
+    strict = data.ArrowDataset(
+        max_len=SEQ, datapath=out, transfer=FileTransfer(hs_dir), on_missing="raise"
+    )
     assert strict[0]["input_ids"].tolist() == plain[0]["input_ids"]
     with pytest.raises(RuntimeError, match="sample 1"):
         strict[1]

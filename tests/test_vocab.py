@@ -46,6 +46,7 @@ def assert_same_as_speculators(spec_build, counts, k, with_zeros=False):
 # The map: byte-identical to speculators
 # ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", range(6))
 def test_map_matches_speculators_on_random_counts(spec_build, seed):
     rng = np.random.default_rng(seed)
@@ -109,6 +110,7 @@ def test_k_equal_v_is_identity_and_k_above_v_is_refused(spec_build):
 # Choosing K
 # ------------------------------------------------------------------------------------------
 
+
 def test_auto_k_rounds_up_to_256_and_caps_at_v():
     v = 5000
     counts = np.zeros(v, dtype=np.int64)
@@ -133,6 +135,7 @@ def test_coverage_curve():
 # Counting
 # ------------------------------------------------------------------------------------------
 
+
 def mixed_rows(seed: int, n: int = 300) -> list[bytes]:
     """Lines with every case: truncation, prompts filling the window, ties, malformed rows,
     and rows the fast way hands to the exact one (spaces, 10-digit ids)."""
@@ -142,12 +145,15 @@ def mixed_rows(seed: int, n: int = 300) -> list[bytes]:
         p = rng.integers(1, 40)
         c = rng.integers(1, 40)
         ids = rng.zipf(1.5, p + c) % 500
-        lines.append(json.dumps(record(f"r{i}", ids[:p].tolist(), ids[p:].tolist()),
-                                separators=(",", ":")).encode())
+        lines.append(
+            json.dumps(
+                record(f"r{i}", ids[:p].tolist(), ids[p:].tolist()), separators=(",", ":")
+            ).encode()
+        )
     lines[10] = b'{"id":"x","prompt_token_ids":[1],"completion_token_ids":[2.0]}'
     lines[50] = b'{"id":"y","prompt_token_ids":[],"completion_token_ids":[2]}'
     lines[90] = b'{"id":"z", "prompt_token_ids": [1, 2], "completion_token_ids": [7, 7, 8]}'
-    lines[130] = b'not json'
+    lines[130] = b"not json"
     lines[170] = b'{"id":"w","prompt_token_ids":[1234567890],"completion_token_ids":[5]}'
     lines[210] = b'{"id":"v","prompt_token_ids":[1],"completion_token_ids":[-5]}'
     return lines
@@ -170,15 +176,15 @@ def dataset_counts(tmp_path, records, seq_length, vocab_size):
 def test_fast_and_exact_counts_match_each_other_and_the_dataset(tmp_path, seq_length):
     assert vocab.fast_available()
     records = write_lines(tmp_path / "synth.jsonl.zst", mixed_rows(seq_length))
-    exact, s_exact = vocab.count_tokens(records, 512, seq_length, method="json",
-                                        chunk_bytes=2048)
+    exact, s_exact = vocab.count_tokens(records, 512, seq_length, method="json", chunk_bytes=2048)
     fast, s_fast = vocab.count_tokens(records, 512, seq_length, method="fast", chunk_bytes=2048)
     assert s_fast["chunks_fast"] > 0 and s_fast["chunks_exact"] > 0
     assert s_exact["chunks_fast"] == 0
     assert np.array_equal(fast, exact)
     strip = ("chunks_fast", "chunks_exact", "method")
-    assert {k: v for k, v in s_fast.items() if k not in strip} == \
-        {k: v for k, v in s_exact.items() if k not in strip}
+    assert {k: v for k, v in s_fast.items() if k not in strip} == {
+        k: v for k, v in s_exact.items() if k not in strip
+    }
 
     from_ds, ds_stats = dataset_counts(tmp_path, records, seq_length, 512)
     assert np.array_equal(fast, from_ds)
@@ -191,9 +197,11 @@ def test_fast_and_exact_counts_match_each_other_and_the_dataset(tmp_path, seq_le
 
 @pytest.mark.parametrize("method", METHODS)
 def test_counts_by_hand(tmp_path, method):
-    rows = [record("a", [9, 9], [1, 2, 2, 3]),     # seq 5: trainable 1, 2, 2
-            record("b", [9, 9, 9, 9, 9], [4, 5]),  # prompt fills the window: nothing
-            record("c", [9], [3, 3, 3, 3, 3, 3])]  # trainable 3 x 4
+    rows = [
+        record("a", [9, 9], [1, 2, 2, 3]),  # seq 5: trainable 1, 2, 2
+        record("b", [9, 9, 9, 9, 9], [4, 5]),  # prompt fills the window: nothing
+        record("c", [9], [3, 3, 3, 3, 3, 3]),
+    ]  # trainable 3 x 4
     records = write_records(tmp_path / "s.jsonl.zst", rows)
     counts, stats = vocab.count_tokens(records, 10, 5, method=method)
     assert counts.tolist() == [0, 1, 2, 4, 0, 0, 0, 0, 0, 0]
@@ -230,15 +238,26 @@ def test_parse_kernel(jit):
         ids = np.zeros(len(text), dtype=np.int64)
         lengths = np.zeros(len(budget), dtype=np.int64)
         m = parse(buf, np.array(budget, dtype=np.int64), ids, lengths)
-        return m, ids[:max(m, 0)].tolist(), lengths.tolist()
+        return m, ids[: max(m, 0)].tolist(), lengths.tolist()
 
     assert run(b"[1,22][333][0,4,5]", [1, 5, 2]) == (4, [1, 333, 0, 4], [2, 1, 3])
     assert run(b"[1,22][333]", [0, 0]) == (0, [], [2, 1])
     assert run(b"[123456789]", [1]) == (1, [123456789], [1])
-    for bad, budget in [(b"[]", [1]), (b"[1,,2]", [3]), (b"[1, 2]", [2]), (b"[-1]", [1]),
-                        (b"[1.0]", [1]), (b"[[1]]", [1]), (b"[1234567890]", [1]),
-                        (b"[1][2]", [1]), (b"[1]", [1, 1]), (b"[1", [1]), (b"1]", [1]),
-                        (b'["1"]', [1]), (b"[1]x", [1])]:
+    for bad, budget in [
+        (b"[]", [1]),
+        (b"[1,,2]", [3]),
+        (b"[1, 2]", [2]),
+        (b"[-1]", [1]),
+        (b"[1.0]", [1]),
+        (b"[[1]]", [1]),
+        (b"[1234567890]", [1]),
+        (b"[1][2]", [1]),
+        (b"[1]", [1, 1]),
+        (b"[1", [1]),
+        (b"1]", [1]),
+        (b'["1"]', [1]),
+        (b"[1]x", [1]),
+    ]:
         assert run(bad, budget)[0] == -1, bad
 
 
@@ -262,23 +281,35 @@ def test_prefetch_passes_errors_and_stops():
 # The stage
 # ------------------------------------------------------------------------------------------
 
+
 def hand_example(tmp_path, vocab_size=3000):
     """Token 0 x 1000 and tokens 1..1999 once each: 2999 tokens, 2000 distinct."""
     completion = [0] * 1000 + list(range(1, 2000))
-    records = write_records(tmp_path / "synth.jsonl.zst",
-                            [record("a", [5], completion[:1500]),
-                             record("b", [5], completion[1500:])])
+    records = write_records(
+        tmp_path / "synth.jsonl.zst",
+        [record("a", [5], completion[:1500]), record("b", [5], completion[1500:])],
+    )
     target = tmp_path / "target.json"
-    fileio.write_json(target, {"model_path": "/nowhere",
-                               "architecture": {"vocab_size": vocab_size}})
+    fileio.write_json(
+        target, {"model_path": "/nowhere", "architecture": {"vocab_size": vocab_size}}
+    )
     return records, target
 
 
 def run_build(tmp_path, records, target, k, coverage=0.98, seq_length=4096):
     out = tmp_path / "vocab"
-    cov = vocab.build(records, target, out / "d2t.npy", out / "t2d.npy", out / "token_freq.npy",
-                      out / "coverage.json", out / "coverage.png", draft_vocab_size=k,
-                      target_coverage=coverage, seq_length=seq_length)
+    cov = vocab.build(
+        records,
+        target,
+        out / "d2t.npy",
+        out / "t2d.npy",
+        out / "token_freq.npy",
+        out / "coverage.json",
+        out / "coverage.png",
+        draft_vocab_size=k,
+        target_coverage=coverage,
+        seq_length=seq_length,
+    )
     return out, cov
 
 
@@ -309,16 +340,24 @@ def test_build_fixed_k_outputs(tmp_path):
     assert np.flatnonzero(t2d).tolist() == list(range(1024))
     png = (out / "coverage.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    assert sorted(p.name for p in out.iterdir()) == \
-        ["coverage.json", "coverage.png", "d2t.npy", "t2d.npy", "token_freq.npy"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "coverage.json",
+        "coverage.png",
+        "d2t.npy",
+        "t2d.npy",
+        "token_freq.npy",
+    ]
 
 
 def test_build_auto_k(tmp_path, spec_build):
     records, target = hand_example(tmp_path)
     # 50 %: 1000 + (K - 1) >= 1499.5 -> K = 501 -> 512
     out, cov = run_build(tmp_path, records, target, k="auto", coverage=0.5)
-    assert (cov["draft_vocab_size"], cov["selection"], cov["k_for_target_coverage"]) == \
-        (512, "auto", 501)
+    assert (cov["draft_vocab_size"], cov["selection"], cov["k_for_target_coverage"]) == (
+        512,
+        "auto",
+        501,
+    )
     assert cov["coverage"] == pytest.approx(1511 / 2999)
     assert cov["configured_draft_vocab_size"] == "auto"
     freq = np.load(out / "token_freq.npy")
@@ -329,12 +368,12 @@ def test_build_auto_k(tmp_path, spec_build):
 
 def test_build_on_the_real_target_vocab(tmp_path, target_json):
     """V comes from target.json: SmolLM2's 49152."""
-    records = write_records(tmp_path / "s.jsonl.zst",
-                            [record("a", [1, 2], [49151, 3, 3, 2]), record("b", [1], [7])])
+    records = write_records(
+        tmp_path / "s.jsonl.zst", [record("a", [1, 2], [49151, 3, 3, 2]), record("b", [1], [7])]
+    )
     out, cov = run_build(tmp_path, records, target_json, k="auto", coverage=0.98)
     assert cov["target_vocab_size"] == 49152
     assert np.load(out / "t2d.npy").shape == (49152,)
     assert cov["draft_vocab_size"] == 256 and cov["coverage"] == 1.0
-    assert sorted(cov["coverage_at"]) == sorted(["1024", "2048", "4096", "8192", "16384",
-                                                 "32768"])
+    assert sorted(cov["coverage_at"]) == sorted(["1024", "2048", "4096", "8192", "16384", "32768"])
     assert np.flatnonzero(np.load(out / "token_freq.npy")).tolist() == [2, 3, 7, 49151]

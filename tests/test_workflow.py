@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from smkcli import (REPO, STAGES, copy_repo, downstream, env_for, parse_jobs, plan,
-                    snakemake)
+from smkcli import REPO, STAGES, copy_repo, downstream, env_for, parse_jobs, plan, snakemake
 
 DEFAULT_CONFIG = str(REPO / "config" / "config.yaml")
 CUDA_TP8 = "vllm={device: cuda, tensor_parallel_size: 8}"
@@ -36,6 +35,7 @@ def fake_model_dir(tmp_path_factory) -> Path:
 
 
 # ---- the default plan ----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def default_plan(tmp_path_factory):
@@ -65,21 +65,48 @@ def test_lint_is_clean():
 
 # ---- GPU scheduling ------------------------------------------------------------------------
 
+
 def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
-    jobs = plan("--configfile", DEFAULT_CONFIG, "--resources", "gpus=8", "--config", CUDA_TP8,
-                workdir=tmp_path)
+    jobs = plan(
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--resources",
+        "gpus=8",
+        "--config",
+        CUDA_TP8,
+        workdir=tmp_path,
+    )
     gpus = {j.rule: j.gpus for j in jobs}
-    assert gpus == {"target": 0, "prompts": 0, "synth": 8, "prepare": 0, "vocab": 0,
-                    "extract": 8, "extract_gather": 0, "train": 0, "bench": 8, "report": 0,
-                    "all": 0}
+    assert gpus == {
+        "target": 0,
+        "prompts": 0,
+        "synth": 8,
+        "prepare": 0,
+        "vocab": 0,
+        "extract": 8,
+        "extract_gather": 0,
+        "train": 0,
+        "bench": 8,
+        "report": 0,
+        "all": 0,
+    }
     # the same count under the slurm plugin's resource name
     assert {j.rule: int(j.resources.get("gpu", 0)) for j in jobs} == gpus
 
 
 def test_resources_below_tensor_parallel_size_fail_before_any_job(tmp_path):
     # Snakemake would silently scale the jobs down to 4 GPUs; the workflow refuses instead.
-    proc = snakemake("-n", "--configfile", DEFAULT_CONFIG, "--resources", "gpus=4",
-                     "--config", CUDA_TP8, workdir=tmp_path, check=False)
+    proc = snakemake(
+        "-n",
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--resources",
+        "gpus=4",
+        "--config",
+        CUDA_TP8,
+        workdir=tmp_path,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "--resources gpus=4 is less than rule synth needs 8" in proc.output
     assert "pass at least --resources gpus=8" in proc.output
@@ -90,38 +117,69 @@ def test_resources_below_tensor_parallel_size_fail_before_any_job(tmp_path):
 def test_onstart_note_without_resources(tmp_path, resources, note):
     # A real (non-dry) run is needed for onstart: --touch runs the hook without running jobs
     # (outputs that do not exist are just reported as not touched).
-    proc = snakemake("--touch", "--cores", "1", "--configfile", DEFAULT_CONFIG, *resources,
-                     "--config", CUDA_TP8, workdir=tmp_path)
+    proc = snakemake(
+        "--touch",
+        "--cores",
+        "1",
+        "--configfile",
+        DEFAULT_CONFIG,
+        *resources,
+        "--config",
+        CUDA_TP8,
+        workdir=tmp_path,
+    )
     assert ("NOTE: no --resources gpus=N given" in proc.output) is note
 
 
 def test_sdm_conda_requires_unblocked_pythonpath(tmp_path):
     # The jobs import the library through PYTHONPATH, which conda jobs lose without the flag
     # (profiles/default sets it; `--workflow-profile none` drops that profile).
-    proc = snakemake("-n", "--configfile", DEFAULT_CONFIG, "--workflow-profile", "none",
-                     "--sdm", "conda", workdir=tmp_path, check=False)
+    proc = snakemake(
+        "-n",
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--workflow-profile",
+        "none",
+        "--sdm",
+        "conda",
+        workdir=tmp_path,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "--sdm conda needs --conda-not-block-search-path-envvars" in proc.output
 
 
 # ---- production profiles -------------------------------------------------------------------
 
+
 def test_kimi_profile_plans_whole_chain_with_one_tp8_extraction(tmp_path, fake_model_dir):
-    jobs = plan("--configfile", str(REPO / "config" / "kimi-k2.5.yaml"), "--resources", "gpus=8",
-                "--config", f"target={{path: {fake_model_dir}}}", workdir=tmp_path)
+    jobs = plan(
+        "--configfile",
+        str(REPO / "config" / "kimi-k2.5.yaml"),
+        "--resources",
+        "gpus=8",
+        "--config",
+        f"target={{path: {fake_model_dir}}}",
+        workdir=tmp_path,
+    )
     assert by_rule(jobs) == {s: 1 for s in (*STAGES, "all")}
     gpus = {j.rule: j.gpus for j in jobs}
     assert gpus["extract"] == gpus["synth"] == gpus["bench"] == gpus["train"] == 8
-    assert all(gpus[s] == 0 for s in ("target", "prompts", "prepare", "vocab",
-                                      "extract_gather", "report"))
-    assert all("results/kimi-k2.5/" in j.fields.get("output", "results/kimi-k2.5/")
-               for j in jobs)
+    assert all(
+        gpus[s] == 0 for s in ("target", "prompts", "prepare", "vocab", "extract_gather", "report")
+    )
+    assert all("results/kimi-k2.5/" in j.fields.get("output", "results/kimi-k2.5/") for j in jobs)
 
 
 def test_kimi_profile_extraction_split_in_four(tmp_path, fake_model_dir):
-    jobs = plan("--configfile", str(REPO / "config" / "kimi-k2.5.yaml"),
-                "--config", f"target={{path: {fake_model_dir}}}", "extract={jobs: 4}",
-                workdir=tmp_path)
+    jobs = plan(
+        "--configfile",
+        str(REPO / "config" / "kimi-k2.5.yaml"),
+        "--config",
+        f"target={{path: {fake_model_dir}}}",
+        "extract={jobs: 4}",
+        workdir=tmp_path,
+    )
     extract = [j for j in jobs if j.rule == "extract"]
     assert sorted(j.wildcards["part"] for j in extract) == ["0", "1", "2", "3"]
     assert all(j.gpus == 8 for j in extract)
@@ -129,29 +187,52 @@ def test_kimi_profile_extraction_split_in_four(tmp_path, fake_model_dir):
 
 
 def test_llama_profile_plans(tmp_path, fake_model_dir):
-    jobs = plan("--configfile", str(REPO / "config" / "llama-8b.yaml"), "--resources", "gpus=4",
-                "--config", f"target={{path: {fake_model_dir}}}", workdir=tmp_path)
+    jobs = plan(
+        "--configfile",
+        str(REPO / "config" / "llama-8b.yaml"),
+        "--resources",
+        "gpus=4",
+        "--config",
+        f"target={{path: {fake_model_dir}}}",
+        workdir=tmp_path,
+    )
     gpus = {j.rule: j.gpus for j in jobs}
     assert (gpus["synth"], gpus["extract"], gpus["bench"], gpus["train"]) == (1, 1, 1, 4)
 
 
 # ---- Slurm -----------------------------------------------------------------------------------
 
+
 def slurm_calls(*args: str, workdir: Path) -> list[dict]:
     """sbatch calls built by snakemake-executor-plugin-slurm's own code (scripts/slurm_preview.py)."""
-    cmd = [sys.executable, str(REPO / "scripts" / "slurm_preview.py"), "--json",
-           "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--profile", str(REPO / "profiles" / "slurm"), *args]
-    proc = subprocess.run(cmd, cwd=workdir, env=env_for(REPO / "src"), capture_output=True,
-                          text=True, timeout=120)
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts" / "slurm_preview.py"),
+        "--json",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--profile",
+        str(REPO / "profiles" / "slurm"),
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=workdir, env=env_for(REPO / "src"), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout[proc.stdout.index("["):])
+    return json.loads(proc.stdout[proc.stdout.index("[") :])
 
 
 def test_slurm_profile_asks_gpus_per_rule(tmp_path, fake_model_dir):
-    calls = slurm_calls("--configfile", str(REPO / "config" / "kimi-k2.5.yaml"),
-                        "--config", f"target={{path: {fake_model_dir}}}", "extract={jobs: 2}",
-                        workdir=tmp_path)
+    calls = slurm_calls(
+        "--configfile",
+        str(REPO / "config" / "kimi-k2.5.yaml"),
+        "--config",
+        f"target={{path: {fake_model_dir}}}",
+        "extract={jobs: 2}",
+        workdir=tmp_path,
+    )
     sbatch = collections.defaultdict(list)
     for c in calls:
         sbatch[c["rule"]].append(c["sbatch"])
@@ -168,7 +249,7 @@ def test_slurm_profile_asks_gpus_per_rule(tmp_path, fake_model_dir):
                 assert "--ntasks" not in cmd
             else:
                 assert "--gpus" not in cmd and "--cpus-per-task=" in cmd, cmd
-    assert " -t 2880 " in sbatch["synth"][0]        # runtime "48h" from set-resources
+    assert " -t 2880 " in sbatch["synth"][0]  # runtime "48h" from set-resources
     assert " -t 30 " in sbatch["prompts"][0]
 
 
@@ -184,6 +265,7 @@ def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
 # job records (params, code, input checksums): `snakemake -n` afterwards says "Nothing to be
 # done", so the rerun triggers below are evaluated against real metadata. What this does not
 # prove: that the stage code itself reruns correctly (the end-to-end tests do that).
+
 
 @pytest.fixture(scope="module")
 def done_copy(tmp_path_factory) -> Path:
@@ -247,17 +329,25 @@ def edited(path: Path):
         finally:
             path.write_text(text)
             os.utime(path, (st.st_atime, st.st_mtime))
+
     return cm()
 
 
 def code_inputs(repo: Path) -> dict[str, list[str]]:
     """Per stage, the library files its rule declares as code inputs (module_closure)."""
-    prog = ("import json, sys; from pathlib import Path; "
-            "from eagle3_pipeline.workflow import module_closure; "
-            "print(json.dumps({s: [Path(m).name for m in module_closure(Path(sys.argv[1]) / "
-            "'workflow_scripts' / (s + '.py'))] for s in sys.argv[2:]}))")
-    out = subprocess.run([sys.executable, "-c", prog, str(repo), *STAGES], env=env_for(repo / "src"),
-                         capture_output=True, text=True, check=True).stdout
+    prog = (
+        "import json, sys; from pathlib import Path; "
+        "from eagle3_pipeline.workflow import module_closure; "
+        "print(json.dumps({s: [Path(m).name for m in module_closure(Path(sys.argv[1]) / "
+        "'workflow_scripts' / (s + '.py'))] for s in sys.argv[2:]}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", prog, str(repo), *STAGES],
+        env=env_for(repo / "src"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 

@@ -22,31 +22,54 @@ REPO = Path(__file__).resolve().parents[1]
 
 EPOCHS = 2
 TRAIN_CFG = {
-    "gpus": 0, "fsdp": False, "epochs": EPOCHS, "lr": 0.001, "optimizer": "adamw",
-    "scheduler": "cosine", "warmup_ratio": 0.05, "ttt_steps": 3, "num_layers": 1,
-    "total_seq_len": 128, "attn_impl": "auto", "sliding_window": None,
-    "norm_before_fc": True, "norm_output": True, "val_fraction": 0.125,
-    "hidden_states_dtype": "auto", "loss_implementation": "auto", "num_workers": "auto",
-    "seed": 0, "log_freq": 1, "extra_args": {},
+    "gpus": 0,
+    "fsdp": False,
+    "epochs": EPOCHS,
+    "lr": 0.001,
+    "optimizer": "adamw",
+    "scheduler": "cosine",
+    "warmup_ratio": 0.05,
+    "ttt_steps": 3,
+    "num_layers": 1,
+    "total_seq_len": 128,
+    "attn_impl": "auto",
+    "sliding_window": None,
+    "norm_before_fc": True,
+    "norm_output": True,
+    "val_fraction": 0.125,
+    "hidden_states_dtype": "auto",
+    "loss_implementation": "auto",
+    "num_workers": "auto",
+    "seed": 0,
+    "log_freq": 1,
+    "extra_args": {},
 }
-
 
 
 @pytest.fixture(scope="session")
 def fixture_data(tmp_path_factory, target_dir, tokenizer):
     rows, masks = hidden_states_fixture.chat_rows(tokenizer, 32)
     out = tmp_path_factory.mktemp("train_inputs")
-    paths = hidden_states_fixture.build(target_dir, out, rows, masks, samples_per_shard=8,
-                                        draft_vocab_size=1024)
+    paths = hidden_states_fixture.build(
+        target_dir, out, rows, masks, samples_per_shard=8, draft_vocab_size=1024
+    )
     return paths
 
 
 def _run_kwargs(root: Path, target_json: Path, data: dict) -> dict:
-    return dict(target_json=str(target_json), dataset_dir=str(data["dataset"]),
-                manifest_path=str(data["manifest"]), d2t=str(data["d2t"]), t2d=str(data["t2d"]),
-                drafter_dir=str(root / "drafter"), metrics_out=str(root / "drafter/metrics.json"),
-                plot_out=str(root / "drafter/loss.png"), cfg=dict(TRAIN_CFG),
-                work_dir=str(root / "train_work"), log_path=str(root / "train.log"))
+    return dict(
+        target_json=str(target_json),
+        dataset_dir=str(data["dataset"]),
+        manifest_path=str(data["manifest"]),
+        d2t=str(data["d2t"]),
+        t2d=str(data["t2d"]),
+        drafter_dir=str(root / "drafter"),
+        metrics_out=str(root / "drafter/metrics.json"),
+        plot_out=str(root / "drafter/loss.png"),
+        cfg=dict(TRAIN_CFG),
+        work_dir=str(root / "train_work"),
+        log_path=str(root / "train.log"),
+    )
 
 
 def _records(work: Path) -> list[dict]:
@@ -60,15 +83,23 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
     root = tmp_path_factory.mktemp("train_run")
     kwargs = _run_kwargs(root, target_json, fixture_data)
     work = Path(kwargs["work_dir"])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"),
-                                                        os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    code = ("import json, sys, logging; logging.basicConfig(level=logging.INFO); "
-            "from eagle3_pipeline import train; train.run(**json.loads(sys.argv[1]))")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    code = (
+        "import json, sys, logging; logging.basicConfig(level=logging.INFO); "
+        "from eagle3_pipeline import train; train.run(**json.loads(sys.argv[1]))"
+    )
     t0 = time.monotonic()
     outer_log = open(root / "outer.log", "wb")  # noqa: SIM115
-    outer = subprocess.Popen([sys.executable, "-c", code, json.dumps(kwargs)], env=env,
-                             stdout=outer_log, stderr=subprocess.STDOUT)
+    outer = subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(kwargs)],
+        env=env,
+        stdout=outer_log,
+        stderr=subprocess.STDOUT,
+    )
     killed_state = None
     try:
         while time.monotonic() - t0 < 300 and outer.poll() is None:
@@ -95,8 +126,12 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
     records_before = _records(work)
     t1 = time.monotonic()
     metrics = train.run(**kwargs)
-    return {"root": root, "kwargs": kwargs, "metrics": metrics, "killed_state": killed_state,
-            "records_before": records_before, "first_run_s": killed_at,
-            "resume_run_s": time.monotonic() - t1}
-
-
+    return {
+        "root": root,
+        "kwargs": kwargs,
+        "metrics": metrics,
+        "killed_state": killed_state,
+        "records_before": records_before,
+        "first_run_s": killed_at,
+        "resume_run_s": time.monotonic() - t1,
+    }

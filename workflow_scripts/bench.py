@@ -1,13 +1,20 @@
 """Rule `bench`: acceptance and speed under vLLM speculative decoding (eagle3_pipeline.bench)."""
+
 from eagle3_pipeline import bench
 from eagle3_pipeline.runtime import run_job
 
 run_job(
     snakemake,
     lambda i, o, p, log: bench.run(
-        target_json=i.target, drafter_dir=i.drafter.rsplit("/", 1)[0],
-        manifest_path=i.manifest, train_metrics=i.train_metrics,
-        prompt_files=dict(zip(p.prompt_sets, i.prompts)), metrics_out=o.metrics,
-        cfg=p.bench, vllm_cfg=p.vllm, log_path=log),
+        target_json=i.target,
+        drafter_dir=i.drafter.rsplit("/", 1)[0],
+        manifest_path=i.manifest,
+        train_metrics=i.train_metrics,
+        prompt_files=dict(zip(p.prompt_sets, i.prompts)),
+        metrics_out=o.metrics,
+        cfg=p.bench,
+        vllm_cfg=p.vllm,
+        log_path=log,
+    ),
     gpus_needed=snakemake.params.gpus,
 )

@@ -1,10 +1,15 @@
 """Rule `prepare`: training rows for speculators (logic: eagle3_pipeline.prepare)."""
+
 from eagle3_pipeline import prepare
 from eagle3_pipeline.runtime import run_job
 
 run_job(
     snakemake,
     lambda i, o, p, log: prepare.build_dataset(
-        records_path=i.records, dataset_dir=o.dataset, stats_out=o.stats,
-        seq_length=p.prepare["seq_length"], seed=p.seed),
+        records_path=i.records,
+        dataset_dir=o.dataset,
+        stats_out=o.stats,
+        seq_length=p.prepare["seq_length"],
+        seed=p.seed,
+    ),
 )

@@ -1,4 +1,5 @@
 """Rule `prompts`: training pool and benchmark sets (logic: eagle3_pipeline.prompts)."""
+
 from pathlib import Path
 
 from eagle3_pipeline import prompts

@@ -1,4 +1,5 @@
 """Rule `target`: materialize the target model (logic: eagle3_pipeline.target)."""
+
 from eagle3_pipeline import target
 from eagle3_pipeline.runtime import run_job
 

@@ -29,8 +29,11 @@ from .target import load_info
 
 log = logging.getLogger(__name__)
 
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
@@ -39,6 +42,7 @@ class BenchError(RuntimeError):
 
 
 # ---- train/serve consistency ------------------------------------------------------------------
+
 
 def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
     """What vLLM will read from the drafter checkpoint."""
@@ -55,12 +59,14 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
     return {
         "aux_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
         "draft_vocab_size": cfg.get("draft_vocab_size"),
-        "d2t_len": d2t_len, "t2d_len": t2d_len,
+        "d2t_len": d2t_len,
+        "t2d_len": t2d_len,
         "verifier": (spec.get("verifier") or {}).get("name_or_path"),
         "norm_before_fc": cfg.get("norm_before_fc"),
         "norm_output": cfg.get("norm_output"),
         "sliding_window": layer_cfg.get("sliding_window")
-        if layer_cfg.get("use_sliding_window", True) else None,
+        if layer_cfg.get("use_sliding_window", True)
+        else None,
         "target_vocab_size": layer_cfg.get("vocab_size"),
     }
 
@@ -70,27 +76,38 @@ def consistency(drafter_dir: str | Path, manifest: dict, target: dict) -> dict[s
     f = drafter_facts(drafter_dir)
     problems = []
     if f["aux_layer_ids"] is not None and list(f["aux_layer_ids"]) != manifest["aux_layer_ids"]:
-        problems.append(f"drafter aux layer ids {f['aux_layer_ids']} differ from the extracted "
-                        f"layers {manifest['aux_layer_ids']}: re-train on this extraction")
+        problems.append(
+            f"drafter aux layer ids {f['aux_layer_ids']} differ from the extracted "
+            f"layers {manifest['aux_layer_ids']}: re-train on this extraction"
+        )
     if f["aux_layer_ids"] is None:
-        problems.append("drafter config has no eagle_aux_hidden_state_layer_ids: vLLM would "
-                        "fall back to its own default layers")
+        problems.append(
+            "drafter config has no eagle_aux_hidden_state_layer_ids: vLLM would "
+            "fall back to its own default layers"
+        )
     if f["verifier"] is None or not Path(f["verifier"]).exists():
-        problems.append(f"drafter verifier path {f['verifier']!r} does not exist: vLLM fails "
-                        "offline (HFValidationError) when launched from the drafter alone")
+        problems.append(
+            f"drafter verifier path {f['verifier']!r} does not exist: vLLM fails "
+            "offline (HFValidationError) when launched from the drafter alone"
+        )
     elif Path(f["verifier"]).resolve() != Path(target["model_path"]).resolve():
-        problems.append(f"drafter verifier {f['verifier']} is not the target "
-                        f"{target['model_path']}")
+        problems.append(
+            f"drafter verifier {f['verifier']} is not the target {target['model_path']}"
+        )
     if f["d2t_len"] != f["draft_vocab_size"]:
-        problems.append(f"d2t has {f['d2t_len']} entries, draft_vocab_size is "
-                        f"{f['draft_vocab_size']}")
+        problems.append(
+            f"d2t has {f['d2t_len']} entries, draft_vocab_size is {f['draft_vocab_size']}"
+        )
     if f["t2d_len"] is not None and f["t2d_len"] != target["architecture"]["vocab_size"]:
-        problems.append(f"t2d covers {f['t2d_len']} target tokens, the target has "
-                        f"{target['architecture']['vocab_size']}")
+        problems.append(
+            f"t2d covers {f['t2d_len']} target tokens, the target has "
+            f"{target['architecture']['vocab_size']}"
+        )
     return {"drafter": f, "problems": problems, "ok": not problems}
 
 
 # ---- metrics ---------------------------------------------------------------------------------
+
 
 def scrape(base_url: str) -> dict[str, Any]:
     """Spec-decode counters from the server's Prometheus endpoint."""
@@ -118,10 +135,14 @@ def acceptance(before: dict, after: dict) -> dict[str, Any]:
     draft_tokens = after[SPEC_COUNTERS[1]] - before[SPEC_COUNTERS[1]]
     accepted = after[SPEC_COUNTERS[2]] - before[SPEC_COUNTERS[2]]
     positions = sorted(after[PER_POS])
-    per_pos = [(after[PER_POS][p] - before[PER_POS].get(p, 0.0)) / drafts if drafts else None
-               for p in positions]
+    per_pos = [
+        (after[PER_POS][p] - before[PER_POS].get(p, 0.0)) / drafts if drafts else None
+        for p in positions
+    ]
     return {
-        "drafts": int(drafts), "draft_tokens": int(draft_tokens), "accepted": int(accepted),
+        "drafts": int(drafts),
+        "draft_tokens": int(draft_tokens),
+        "accepted": int(accepted),
         "acceptance_length": 1 + accepted / drafts if drafts else None,
         "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "per_position": per_pos,
@@ -142,6 +163,7 @@ def predicted_acceptance_length(cond_acc: list[float], k: int) -> float | None:
 
 # ---- load generation ---------------------------------------------------------------------------
 
+
 async def _one(session, url: str, body: dict, timeout_s: float) -> dict:
     import aiohttp
 
@@ -152,12 +174,16 @@ async def _one(session, url: str, body: dict, timeout_s: float) -> dict:
             raise BenchError(f"HTTP {r.status}: {text[:300]}")
     data = json.loads(text)
     choice = data["choices"][0]
-    return {"latency_s": time.monotonic() - t0, "token_ids": choice.get("token_ids") or [],
-            "tokens": data["usage"]["completion_tokens"]}
+    return {
+        "latency_s": time.monotonic() - t0,
+        "token_ids": choice.get("token_ids") or [],
+        "tokens": data["usage"]["completion_tokens"],
+    }
 
 
-async def _run_set(base_url: str, model: str, prompts: list[dict], temperature: float,
-                   concurrency: int, cfg: dict) -> dict[str, Any]:
+async def _run_set(
+    base_url: str, model: str, prompts: list[dict], temperature: float, concurrency: int, cfg: dict
+) -> dict[str, Any]:
     import aiohttp
 
     url = f"{base_url}/chat/completions"
@@ -165,8 +191,14 @@ async def _run_set(base_url: str, model: str, prompts: list[dict], temperature: 
     results: list[dict | None] = [None] * len(prompts)
 
     async def go(i: int, session) -> None:
-        body = {"model": model, "messages": prompts[i]["messages"], "max_tokens": cfg["max_tokens"],
-                "temperature": temperature, "seed": 1234 + i, "return_token_ids": True}
+        body = {
+            "model": model,
+            "messages": prompts[i]["messages"],
+            "max_tokens": cfg["max_tokens"],
+            "temperature": temperature,
+            "seed": 1234 + i,
+            "return_token_ids": True,
+        }
         async with sem:
             results[i] = await _one(session, url, body, cfg["request_timeout_s"])
 
@@ -176,11 +208,14 @@ async def _run_set(base_url: str, model: str, prompts: list[dict], temperature: 
         wall = time.monotonic() - t0
     tokens = sum(r["tokens"] for r in results)
     lat = sorted(r["latency_s"] for r in results)
-    return {"requests": len(prompts), "output_tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall if wall else None,
-            "latency_s": {"mean": sum(lat) / len(lat), "p50": lat[len(lat) // 2],
-                          "max": lat[-1]},
-            "outputs": [r["token_ids"] for r in results]}
+    return {
+        "requests": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall else None,
+        "latency_s": {"mean": sum(lat) / len(lat), "p50": lat[len(lat) // 2], "max": lat[-1]},
+        "outputs": [r["token_ids"] for r in results],
+    }
 
 
 def compare_outputs(base: list[list[int]], spec: list[list[int]]) -> dict[str, Any]:
@@ -190,57 +225,89 @@ def compare_outputs(base: list[list[int]], spec: list[list[int]]) -> dict[str, A
             differing += 1
             pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             if len(examples) < 3:
-                examples.append({"request": i, "first_diff_at": pos,
-                                 "baseline": a[pos:pos + 3], "drafter": b[pos:pos + 3]})
+                examples.append(
+                    {
+                        "request": i,
+                        "first_diff_at": pos,
+                        "baseline": a[pos : pos + 3],
+                        "drafter": b[pos : pos + 3],
+                    }
+                )
     return {"compared": len(base), "differing": differing, "examples": examples}
 
 
-def measure(server: VllmServer, sets: dict[str, list[dict]], cfg: dict,
-            spec_decode: bool) -> dict[tuple, dict]:
+def measure(
+    server: VllmServer, sets: dict[str, list[dict]], cfg: dict, spec_decode: bool
+) -> dict[tuple, dict]:
     out = {}
     # One short request first so that warm-up costs land outside the measured runs.
     first = next(iter(sets.values()))[:1]
-    asyncio.run(_run_set(server.base_url, server.model_name, first, 0.0, 1,
-                         dict(cfg, max_tokens=8)))
+    asyncio.run(
+        _run_set(server.base_url, server.model_name, first, 0.0, 1, dict(cfg, max_tokens=8))
+    )
     for temperature in cfg["temperatures"]:
         for conc in cfg["concurrency"]:
             for name, prompts in sets.items():
                 before = scrape(server.base_url) if spec_decode else None
-                res = asyncio.run(_run_set(server.base_url, server.model_name, prompts,
-                                           temperature, conc, cfg))
+                res = asyncio.run(
+                    _run_set(server.base_url, server.model_name, prompts, temperature, conc, cfg)
+                )
                 if spec_decode:
                     res["acceptance"] = acceptance(before, scrape(server.base_url))
-                log.info("%s T=%s c=%d: %.1f tok/s%s", name, temperature, conc,
-                         res["tokens_per_s"], f", tau {res['acceptance']['acceptance_length']}"
-                         if spec_decode else "")
+                log.info(
+                    "%s T=%s c=%d: %.1f tok/s%s",
+                    name,
+                    temperature,
+                    conc,
+                    res["tokens_per_s"],
+                    f", tau {res['acceptance']['acceptance_length']}" if spec_decode else "",
+                )
                 out[(name, temperature, conc)] = res
     return out
 
 
 # ---- the stage -----------------------------------------------------------------------------------
 
-def run(target_json, drafter_dir, manifest_path, train_metrics, prompt_files: dict[str, str],
-        metrics_out, cfg: dict, vllm_cfg: dict, log_path=None) -> dict:
+
+def run(
+    target_json,
+    drafter_dir,
+    manifest_path,
+    train_metrics,
+    prompt_files: dict[str, str],
+    metrics_out,
+    cfg: dict,
+    vllm_cfg: dict,
+    log_path=None,
+) -> dict:
     target = load_info(target_json)
     manifest = read_json(manifest_path)
     drafter_dir = str(Path(drafter_dir).resolve())
     check = consistency(drafter_dir, manifest, target)
     if not check["ok"]:
-        raise BenchError("the drafter does not match this run's extraction/target:\n  - "
-                         + "\n  - ".join(check["problems"]))
+        raise BenchError(
+            "the drafter does not match this run's extraction/target:\n  - "
+            + "\n  - ".join(check["problems"])
+        )
     sets = {name: list(iter_jsonl(path)) for name, path in prompt_files.items()}
     cond_acc = _val_cond_acc(read_json(train_metrics))
 
     def start(spec_cfg: dict | None, what: str) -> VllmServer:
-        spec = spec_from_config(vllm_cfg, target["model_path"],
-                                trust_remote_code=target.get("trust_remote_code", False),
-                                extra_args=cfg["server_args"], speculative_config=spec_cfg)
+        spec = spec_from_config(
+            vllm_cfg,
+            target["model_path"],
+            trust_remote_code=target.get("trust_remote_code", False),
+            extra_args=cfg["server_args"],
+            speculative_config=spec_cfg,
+        )
         try:
             return VllmServer(spec, log_path).start()
         except ServerError as e:
-            raise BenchError(f"vLLM failed to start {what}. If the message below names the "
-                             f"drafter, its checkpoint at {drafter_dir} is not loadable by this "
-                             f"vLLM.\n{e}") from e
+            raise BenchError(
+                f"vLLM failed to start {what}. If the message below names the "
+                f"drafter, its checkpoint at {drafter_dir} is not loadable by this "
+                f"vLLM.\n{e}"
+            ) from e
 
     t0 = time.monotonic()
     server = start(None, "the baseline server (no drafter)")
@@ -260,13 +327,18 @@ def run(target_json, drafter_dir, manifest_path, train_metrics, prompt_files: di
             name, temperature, conc = key
             base = baseline[key]
             row = {
-                "prompt_set": name, "k": k, "temperature": temperature, "concurrency": conc,
+                "prompt_set": name,
+                "k": k,
+                "temperature": temperature,
+                "concurrency": conc,
                 "requests": res["requests"],
                 **res["acceptance"],
                 "predicted_acceptance_length": predicted_acceptance_length(cond_acc, k),
-                "tokens_per_s": res["tokens_per_s"], "baseline_tokens_per_s": base["tokens_per_s"],
+                "tokens_per_s": res["tokens_per_s"],
+                "baseline_tokens_per_s": base["tokens_per_s"],
                 "speedup": res["tokens_per_s"] / base["tokens_per_s"],
-                "latency_s": res["latency_s"], "baseline_latency_s": base["latency_s"],
+                "latency_s": res["latency_s"],
+                "baseline_latency_s": base["latency_s"],
                 "output_tokens": res["output_tokens"],
                 "baseline_output_tokens": base["output_tokens"],
             }
@@ -281,8 +353,9 @@ def run(target_json, drafter_dir, manifest_path, train_metrics, prompt_files: di
         "consistency": check,
         "train_val_cond_acc": cond_acc,
         "elapsed_s": round(time.monotonic() - t0, 1),
-        "provenance": provenance(cfg, inputs={"drafter": Path(drafter_dir) / "model.safetensors",
-                                              **prompt_files}),
+        "provenance": provenance(
+            cfg, inputs={"drafter": Path(drafter_dir) / "model.safetensors", **prompt_files}
+        ),
     }
     write_json(metrics_out, metrics)
     (log.error if not verdict["ok"] else log.info)("bench verdict: %s", verdict["message"])
@@ -309,29 +382,50 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
         s = by_set.setdefault(r["prompt_set"], {"acceptance_length": [], "speedup": []})
         s["acceptance_length"].append(r["acceptance_length"])
         s["speedup"].append(r["speedup"])
-    return {name: {"best_acceptance_length": max(v["acceptance_length"]),
-                   "best_speedup": max(v["speedup"])} for name, v in by_set.items()}
+    return {
+        name: {
+            "best_acceptance_length": max(v["acceptance_length"]),
+            "best_speedup": max(v["speedup"]),
+        }
+        for name, v in by_set.items()
+    }
 
 
 def judge(runs: list[dict], cfg: dict) -> dict[str, Any]:
     taus = [r["acceptance_length"] for r in runs if r["acceptance_length"] is not None]
     if not taus or any(r["drafts"] == 0 for r in runs):
-        return {"ok": False, "message": "DRAFTER NOT USED: vLLM made no drafts; check the "
-                                        "server log for how it loaded the drafter"}
+        return {
+            "ok": False,
+            "message": "DRAFTER NOT USED: vLLM made no drafts; check the "
+            "server log for how it loaded the drafter",
+        }
     worst = min(taus)
     if worst < cfg["min_acceptance_length"]:
-        return {"ok": False, "message": (
-            f"DRAFTER NOT WORKING: acceptance length {worst:.2f} < {cfg['min_acceptance_length']}"
-            " (1.0 means every draft is rejected). Typical causes: untrained or undertrained "
-            "drafter, or a train/serve mismatch (layer ids, vocab map, norms).")}
+        return {
+            "ok": False,
+            "message": (
+                f"DRAFTER NOT WORKING: acceptance length {worst:.2f} < {cfg['min_acceptance_length']}"
+                " (1.0 means every draft is rejected). Typical causes: untrained or undertrained "
+                "drafter, or a train/serve mismatch (layer ids, vocab map, norms)."
+            ),
+        }
     for r in runs:
         pred, got = r.get("predicted_acceptance_length"), r["acceptance_length"]
         # The prediction comes from greedy validation accuracies: compare at T=0 only.
-        if r["temperature"] == 0 and pred and pred >= 1.2 and got is not None and \
-                (got - 1) / (pred - 1) < cfg["min_measured_to_predicted"]:
-            return {"ok": False, "message": (
-                f"TRAIN/SERVE MISMATCH? {r['prompt_set']} (k={r['k']}): measured acceptance "
-                f"length {got:.2f}, training validation predicts {pred:.2f}. Check the drafter's "
-                "aux layer ids, vocab map, norms and sliding window against the target "
-                "(report section 'Train/serve consistency').")}
+        if (
+            r["temperature"] == 0
+            and pred
+            and pred >= 1.2
+            and got is not None
+            and (got - 1) / (pred - 1) < cfg["min_measured_to_predicted"]
+        ):
+            return {
+                "ok": False,
+                "message": (
+                    f"TRAIN/SERVE MISMATCH? {r['prompt_set']} (k={r['k']}): measured acceptance "
+                    f"length {got:.2f}, training validation predicts {pred:.2f}. Check the drafter's "
+                    "aux layer ids, vocab map, norms and sliding window against the target "
+                    "(report section 'Train/serve consistency')."
+                ),
+            }
     return {"ok": True, "message": f"acceptance length {worst:.2f}..{max(taus):.2f}"}

@@ -59,8 +59,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
     elif v == "const":
         msg = f"expected {error.validator_value!r}, got {value!r}"
     elif v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
-              "exclusiveMaximum": "<"}[v]
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
         msg = f"expected a number {op} {error.validator_value}, got {value!r}"
     elif v == "additionalProperties":  # reported per key by _problems()
         msg = error.message
@@ -70,8 +69,10 @@ def _describe(error: jsonschema.ValidationError) -> str:
     elif v == "pattern":
         msg = f"{value!r} does not match the pattern {error.validator_value!r}"
     elif v in ("minItems", "maxItems"):
-        msg = f"expected a list with {'at least' if v == 'minItems' else 'at most'} " \
-              f"{error.validator_value} item(s), got {len(value)}"
+        msg = (
+            f"expected a list with {'at least' if v == 'minItems' else 'at most'} "
+            f"{error.validator_value} item(s), got {len(value)}"
+        )
     elif v == "uniqueItems":
         msg = f"items must be unique, got {value!r}"
     elif v in ("oneOf", "anyOf"):
@@ -80,8 +81,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         if near:
             msg = _describe(near[0]).split(" (")[0]
         else:
-            msg = f"expected {' or '.join(_option(s) for s in error.validator_value)}, " \
-                  f"got {value!r}"
+            msg = (
+                f"expected {' or '.join(_option(s) for s in error.validator_value)}, got {value!r}"
+            )
     else:
         msg = error.message
     return f"{msg} ({hint})" if hint else msg
@@ -110,8 +112,11 @@ def validate(config: dict, schema: dict | None = None) -> dict:
     if not problems:
         problems = check_semantics(config)
     if problems:
-        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems)
-                          + "\n(every key, its type and its default: config/schema.yaml)")
+        raise ConfigError(
+            "Invalid configuration:\n  - "
+            + "\n  - ".join(problems)
+            + "\n(every key, its type and its default: config/schema.yaml)"
+        )
     return sort_keys(config)
 
 
@@ -145,8 +150,10 @@ def _problems(error: jsonschema.ValidationError) -> list[str]:
         close = difflib.get_close_matches(str(extra), allowed, n=1)
         guess = f" (did you mean `{prefix}{close[0]}`?)" if close else ""
         scope = "at the top level" if not prefix else f"in `{where}`"
-        lines.append(f"config key `{prefix}{extra}`: unknown key{guess}; allowed {scope}: "
-                     f"{', '.join(allowed)}")
+        lines.append(
+            f"config key `{prefix}{extra}`: unknown key{guess}; allowed {scope}: "
+            f"{', '.join(allowed)}"
+        )
     return lines
 
 
@@ -170,8 +177,10 @@ def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict
                 continue
             if error.validator == "type":
                 types = error.validator_value
-                fits = any(validator.is_type(value, t)
-                           for t in (types if isinstance(types, list) else [types]))
+                fits = any(
+                    validator.is_type(value, t)
+                    for t in (types if isinstance(types, list) else [types])
+                )
             else:  # oneOf / anyOf / enum / const: the parsed value must satisfy the keyword
                 fits = validator.evolve(schema=error.schema).is_valid(value)
             if fits:
@@ -207,17 +216,23 @@ def check_semantics(cfg: dict) -> list[str]:
     problems: list[str] = []
     t = cfg["target"]
     if t["source"] in ("local", "hub") and not t["path"]:
-        problems.append(f"config key `target.path`: required when target.source is "
-                        f"{t['source']!r} (a model directory or hub id)")
+        problems.append(
+            f"config key `target.path`: required when target.source is "
+            f"{t['source']!r} (a model directory or hub id)"
+        )
     if t["source"] == "local" and t["path"]:
         p = Path(t["path"]).expanduser()
         if not (p / "config.json").is_file():
-            problems.append(f"config key `target.path`: {str(p)!r} is not a model directory "
-                            "(no config.json there)")
+            problems.append(
+                f"config key `target.path`: {str(p)!r} is not a model directory "
+                "(no config.json there)"
+            )
 
     if cfg["vllm"]["device"] == "cpu" and cfg["vllm"]["tensor_parallel_size"] != 1:
-        problems.append("config key `vllm.tensor_parallel_size`: must be 1 when vllm.device "
-                        "is 'cpu' (tensor parallelism needs GPUs)")
+        problems.append(
+            "config key `vllm.tensor_parallel_size`: must be 1 when vllm.device "
+            "is 'cpu' (tensor parallelism needs GPUs)"
+        )
 
     def check_sources(key: str, sources: list[dict]) -> set[str]:
         names = set()
@@ -225,8 +240,10 @@ def check_semantics(cfg: dict) -> list[str]:
             where = f"{key}[{i}]"
             if src["source"] == "file":
                 if not src.get("path"):
-                    problems.append(f"config key `{where}.path`: required for source 'file' "
-                                    "(a JSONL(.zst) or Parquet file)")
+                    problems.append(
+                        f"config key `{where}.path`: required for source 'file' "
+                        "(a JSONL(.zst) or Parquet file)"
+                    )
                 elif not Path(src["path"]).expanduser().is_file():
                     problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
             if src["source"] == "file" and not src.get("path"):
@@ -241,27 +258,36 @@ def check_semantics(cfg: dict) -> list[str]:
     bench_names = check_sources("prompts.bench", cfg["prompts"]["bench"])
     for name in cfg["bench"]["prompt_sets"]:
         if name not in bench_names:
-            problems.append(f"config key `bench.prompt_sets`: {name!r} is not defined in "
-                            f"prompts.bench (defined: {sorted(n for n in bench_names if n)})")
+            problems.append(
+                f"config key `bench.prompt_sets`: {name!r} is not defined in "
+                f"prompts.bench (defined: {sorted(n for n in bench_names if n)})"
+            )
 
     if cfg["synth"]["api_key_env"] and not cfg["synth"]["endpoint"]:
         problems.append("config key `synth.api_key_env`: only used with synth.endpoint")
 
     layer_ids = cfg["extract"]["layer_ids"]
     if layer_ids is not None and layer_ids != sorted(layer_ids):
-        problems.append(f"config key `extract.layer_ids`: must be in increasing order, "
-                        f"got {layer_ids}")
+        problems.append(
+            f"config key `extract.layer_ids`: must be in increasing order, got {layer_ids}"
+        )
 
     if cfg["prepare"]["seq_length"] > cfg["vllm"]["max_model_len"]:
-        problems.append("config key `prepare.seq_length`: must not exceed vllm.max_model_len "
-                        f"({cfg['prepare']['seq_length']} > {cfg['vllm']['max_model_len']}), "
-                        "or extraction cannot prefill the rows")
+        problems.append(
+            "config key `prepare.seq_length`: must not exceed vllm.max_model_len "
+            f"({cfg['prepare']['seq_length']} > {cfg['vllm']['max_model_len']}), "
+            "or extraction cannot prefill the rows"
+        )
     if cfg["train"]["gpus"] == 0 and cfg["train"]["fsdp"]:
-        problems.append("config key `train.fsdp`: FSDP needs GPUs, but train.gpus is 0 "
-                        "(training on the CPU); set train.gpus >= 2 or fsdp: false")
+        problems.append(
+            "config key `train.fsdp`: FSDP needs GPUs, but train.gpus is 0 "
+            "(training on the CPU); set train.gpus >= 2 or fsdp: false"
+        )
     if cfg["train"]["gpus"] == 0 and cfg["train"]["attn_impl"] == "simple_flex_attention":
-        problems.append("config key `train.attn_impl`: simple_flex_attention has no CPU "
-                        "backward; use sdpa when train.gpus is 0")
+        problems.append(
+            "config key `train.attn_impl`: simple_flex_attention has no CPU "
+            "backward; use sdpa when train.gpus is 0"
+        )
     return problems
 
 
@@ -283,6 +309,7 @@ def deep_update(base: dict, other: dict) -> dict:
 
 
 # ---- values derived from the config, used by the rules -------------------------------------
+
 
 def source_name(spec: dict) -> str:
     """Name of a prompt source: its `name`, else the file's stem, else the source kind."""

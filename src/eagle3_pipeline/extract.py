@@ -28,8 +28,7 @@ from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import VllmServer, spec_from_config
 from .target import load_info
-from .verify import NextTokenProbe, VerificationError, check_sample, model_fits, \
-    reference_errors
+from .verify import NextTokenProbe, VerificationError, check_sample, model_fits, reference_errors
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,7 @@ class DiskBudgetError(ExtractError):
 
 # ---- layers, sizes, fingerprints -----------------------------------------------------------
 
+
 def resolve_layers(cfg: dict, arch: dict) -> tuple[list[int], int]:
     """(aux layer ids, final layer id). The final id N is the last layer's output before the
     final norm; vLLM captures the ids in increasing order, so the final one comes last."""
@@ -55,8 +55,10 @@ def resolve_layers(cfg: dict, arch: dict) -> tuple[list[int], int]:
     aux = list(cfg["layer_ids"] or arch["default_layer_ids"])
     bad = [i for i in aux if not 0 <= i < n]
     if bad:
-        raise ExtractError(f"extract.layer_ids {bad} out of range: the target has {n} layers "
-                           f"(valid ids 0..{n - 1}; the final layer {n} is added automatically)")
+        raise ExtractError(
+            f"extract.layer_ids {bad} out of range: the target has {n} layers "
+            f"(valid ids 0..{n - 1}; the final layer {n} is added automatically)"
+        )
     return aux, n
 
 
@@ -77,7 +79,8 @@ def check_disk(root: Path, needed: int, margin: float) -> dict[str, Any]:
             f"hidden states need about {needed / 2**30:.1f} GiB (x{margin} margin = "
             f"{needed * margin / 2**30:.1f} GiB) but {root} has {free / 2**30:.1f} GiB free. "
             "Free space, point results_dir at a bigger disk, use extract.storage: fp8 "
-            "(half the size), or lower prepare.seq_length / the number of prompts.")
+            "(half the size), or lower prepare.seq_length / the number of prompts."
+        )
     log.info("disk: %.2f GiB needed, %.1f GiB free", needed / 2**30, free / 2**30)
     return info
 
@@ -100,6 +103,7 @@ def sha256_bytes(data: bytes) -> str:
 
 # ---- shard bookkeeping ------------------------------------------------------------------------
 
+
 class ShardBook:
     """Which samples of a part are done: sealed shards (shard.json) and journals of open ones.
 
@@ -115,8 +119,12 @@ class ShardBook:
     def shards(self) -> list[int]:
         if not len(self.rows):
             return []
-        return list(range(shards.shard_index(self.rows[0], self.S),
-                          shards.shard_index(self.rows[-1], self.S) + 1))
+        return list(
+            range(
+                shards.shard_index(self.rows[0], self.S),
+                shards.shard_index(self.rows[-1], self.S) + 1,
+            )
+        )
 
     def shard_samples(self, s: int) -> range:
         lo = max(s * self.S, self.rows.start)
@@ -204,18 +212,32 @@ class ShardBook:
     def summary(self, s: int) -> dict[str, Any]:
         samples = [self.done[k] for k in self.shard_samples(s)]
         h = hashlib.sha256("".join(e["sha256"] for e in samples).encode()).hexdigest()
-        return {"index": s, "samples": [samples[0]["index"], samples[-1]["index"]],
-                "count": len(samples), "tokens": sum(e["tokens"] for e in samples),
-                "bytes": sum(e["bytes"] for e in samples), "sha256": h}
+        return {
+            "index": s,
+            "samples": [samples[0]["index"], samples[-1]["index"]],
+            "count": len(samples),
+            "tokens": sum(e["tokens"] for e in samples),
+            "bytes": sum(e["bytes"] for e in samples),
+            "sha256": h,
+        }
 
 
 # ---- the client ------------------------------------------------------------------------------
 
+
 class Extractor:
     """Send rows, verify and store what comes back."""
 
-    def __init__(self, dataset, book: ShardBook, probe: NextTokenProbe, layer_ids: list[int],
-                 hidden: int, cfg: dict, staging: Path):
+    def __init__(
+        self,
+        dataset,
+        book: ShardBook,
+        probe: NextTokenProbe,
+        layer_ids: list[int],
+        hidden: int,
+        cfg: dict,
+        staging: Path,
+    ):
         self.ds, self.book, self.probe = dataset, book, probe
         self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
         self.hits = self.checked = 0
@@ -244,25 +266,37 @@ class Extractor:
         tensors = load(data)
         t.append(clock())
         hidden = shards.dequantize(tensors, self.probe.device)
-        check_sample(hidden, tensors["token_ids"], row["input_ids"], len(self.layer_ids),
-                     self.hidden)
+        check_sample(
+            hidden, tensors["token_ids"], row["input_ids"], len(self.layer_ids), self.hidden
+        )
         t.append(clock())
-        hits, checked = self.probe.agreement(hidden[:, -1], row["input_ids"], row["loss_mask"],
-                                             self.cfg["agreement_positions_per_sample"])
+        hits, checked = self.probe.agreement(
+            hidden[:, -1],
+            row["input_ids"],
+            row["loss_mask"],
+            self.cfg["agreement_positions_per_sample"],
+        )
         t.append(clock())
         digest = sha256_bytes(data)
         dest = shards.sample_path(self.book.root, index, self.book.S)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, dest)
         t.append(clock())
-        for phase, a, b in zip(("wait_write", "read", "parse", "checks", "probe", "hash_move"),
-                               t, t[1:]):
+        for phase, a, b in zip(
+            ("wait_write", "read", "parse", "checks", "probe", "hash_move"), t, t[1:]
+        ):
             self.timings[phase] = self.timings.get(phase, 0.0) + (b - a)
-        return {"index": index, "tokens": len(row["input_ids"]), "bytes": len(data),
-                "sha256": digest, "agree": [hits, checked]}
+        return {
+            "index": index,
+            "tokens": len(row["input_ids"]),
+            "bytes": len(data),
+            "sha256": digest,
+            "agree": [hits, checked],
+        }
 
-    async def run(self, base_url: str, model: str, todo: list[int], progress: Progress,
-                  check_alive) -> None:
+    async def run(
+        self, base_url: str, model: str, todo: list[int], progress: Progress, check_alive
+    ) -> None:
         import openai
         import torch
         from speculators.data_generation.vllm_client import generate_hidden_states_async
@@ -274,20 +308,27 @@ class Extractor:
             ids = self.ds[index]["input_ids"]
             try:
                 staged, _ = await generate_hidden_states_async(
-                    client, model, {"input_ids": ids}, timeout=self.cfg["request_timeout_s"],
-                    max_retries=self.cfg["retries"])
+                    client,
+                    model,
+                    {"input_ids": ids},
+                    timeout=self.cfg["request_timeout_s"],
+                    max_retries=self.cfg["retries"],
+                )
                 entry = await loop.run_in_executor(pool, self.store, index, staged)
             except VerificationError as e:
-                raise ExtractError(f"sample {index}: {e}. The extracted hidden states are "
-                                   "wrong; nothing of this sample was kept.") from e
+                raise ExtractError(
+                    f"sample {index}: {e}. The extracted hidden states are "
+                    "wrong; nothing of this sample was kept."
+                ) from e
             except Exception as e:  # noqa: BLE001 - counted, retried on the next run
                 check_alive()
                 failures_in_a_row += 1
                 self.failures.append({"index": index, "error": f"{type(e).__name__}: {e}"})
                 log.warning("sample %d failed: %s", index, e)
                 if failures_in_a_row >= max(8, self.cfg["concurrency"]):
-                    raise ExtractError(f"{failures_in_a_row} samples in a row failed "
-                                       f"(last: {e})") from e
+                    raise ExtractError(
+                        f"{failures_in_a_row} samples in a row failed (last: {e})"
+                    ) from e
                 return
             failures_in_a_row = 0
             self.book.record(entry)
@@ -300,11 +341,14 @@ class Extractor:
         # cores the server needs (on the CPU) without validating faster.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        pool = ThreadPoolExecutor(max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
-                                  thread_name_prefix="validate")
+        pool = ThreadPoolExecutor(
+            max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
+            thread_name_prefix="validate",
+        )
         try:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY",
-                                          max_retries=0) as client:
+            async with openai.AsyncOpenAI(
+                base_url=base_url, api_key="EMPTY", max_retries=0
+            ) as client:
                 await for_each(todo, lambda i: one(client, i), self.cfg["concurrency"])
         finally:
             pool.shutdown(wait=True)
@@ -313,16 +357,20 @@ class Extractor:
 
 # ---- the stage -------------------------------------------------------------------------------
 
-def part_fingerprint(dataset_dir: Path, target: dict, layer_ids: list[int], cfg: dict,
-                     jobs: int) -> str:
-    return stable_hash({
-        "dataset": dataset_fingerprint(dataset_dir),
-        "model": target["model_path"],
-        "layer_ids": layer_ids,
-        "storage": cfg["storage"],
-        "samples_per_shard": cfg["samples_per_shard"],
-        "jobs": jobs,
-    })
+
+def part_fingerprint(
+    dataset_dir: Path, target: dict, layer_ids: list[int], cfg: dict, jobs: int
+) -> str:
+    return stable_hash(
+        {
+            "dataset": dataset_fingerprint(dataset_dir),
+            "model": target["model_path"],
+            "layer_ids": layer_ids,
+            "storage": cfg["storage"],
+            "samples_per_shard": cfg["samples_per_shard"],
+            "jobs": jobs,
+        }
+    )
 
 
 def invalidate_if_stale(root: Path, book: ShardBook, part: int, fp: str) -> None:
@@ -336,30 +384,47 @@ def invalidate_if_stale(root: Path, book: ShardBook, part: int, fp: str) -> None
                 shutil.rmtree(d)
                 removed += 1
         if removed:
-            log.info("inputs or parameters changed: removed %d stale shard(s) of part %d",
-                     removed, part)
+            log.info(
+                "inputs or parameters changed: removed %d stale shard(s) of part %d", removed, part
+            )
         write_json(fp_file, {"fingerprint": fp})
 
 
 def server_spec(vllm_cfg: dict, target: dict, layer_ids: list[int], staging: Path, cfg: dict):
     return spec_from_config(
-        vllm_cfg, target["model_path"], trust_remote_code=target.get("trust_remote_code", False),
+        vllm_cfg,
+        target["model_path"],
+        trust_remote_code=target.get("trust_remote_code", False),
         extra_args=cfg["server_args"],
         speculative_config={
-            "method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
         },
         kv_transfer_config={
-            "kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_connector": CONNECTOR,
+            "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(staging),
-                                          "storage": cfg["storage"]},
+            "kv_connector_extra_config": {
+                "shared_storage_path": str(staging),
+                "storage": cfg["storage"],
+            },
         },
     )
 
 
-def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg: dict,
-             vllm_cfg: dict, log_path=None, synth_temperature: float = 0.0) -> dict:
+def run_part(
+    part: int,
+    jobs: int,
+    target_json,
+    dataset_dir,
+    root,
+    part_out,
+    cfg: dict,
+    vllm_cfg: dict,
+    log_path=None,
+    synth_temperature: float = 0.0,
+) -> dict:
     from datasets import load_from_disk
 
     target = load_info(target_json)
@@ -370,21 +435,38 @@ def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg
     ds = load_from_disk(str(dataset_dir)).with_format(None)
     S = cfg["samples_per_shard"]
     rows = shards.part_range(len(ds), S, jobs, part)
-    log.info("extract part %d/%d: samples %d..%d of %d, layers %s, storage %s", part, jobs,
-             rows.start, rows.stop - 1, len(ds), layer_ids, cfg["storage"])
+    log.info(
+        "extract part %d/%d: samples %d..%d of %d, layers %s, storage %s",
+        part,
+        jobs,
+        rows.start,
+        rows.stop - 1,
+        len(ds),
+        layer_ids,
+        cfg["storage"],
+    )
 
     book = ShardBook(root, S, rows)
-    invalidate_if_stale(root, book, part, part_fingerprint(dataset_dir, target, layer_ids, cfg,
-                                                           jobs))
+    invalidate_if_stale(
+        root, book, part, part_fingerprint(dataset_dir, target, layer_ids, cfg, jobs)
+    )
     book.scan()
     if book.corrupt:
-        log.warning("%d stored sample(s) failed their checksum and will be redone: %s",
-                    len(book.corrupt), book.corrupt[:10])
+        log.warning(
+            "%d stored sample(s) failed their checksum and will be redone: %s",
+            len(book.corrupt),
+            book.corrupt[:10],
+        )
     todo = [i for i in rows if i not in book.done]
     seq_lens = ds["seq_len"]
-    disk = check_disk(root, sum(sample_bytes(seq_lens[i], len(layer_ids), arch["hidden_size"],
-                                             cfg["storage"]) for i in todo),
-                      cfg["disk_margin"])
+    disk = check_disk(
+        root,
+        sum(
+            sample_bytes(seq_lens[i], len(layer_ids), arch["hidden_size"], cfg["storage"])
+            for i in todo
+        ),
+        cfg["disk_margin"],
+    )
     probe = NextTokenProbe(target["model_path"], arch, cfg["verify_device"])
     staging = root / ".staging" / f"part_{part}"
     staging.mkdir(parents=True, exist_ok=True)
@@ -394,11 +476,13 @@ def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg
     try:
         if todo:
             spec = server_spec(vllm_cfg, target, layer_ids, staging, cfg)
-            progress = Progress(len(rows), f"extract part {part}", unit="samples",
-                                done=len(book.done))
+            progress = Progress(
+                len(rows), f"extract part {part}", unit="samples", done=len(book.done)
+            )
             with VllmServer(spec, log_path) as server:
-                asyncio.run(ex.run(server.base_url, server.model_name, todo, progress,
-                                   server.check_alive))
+                asyncio.run(
+                    ex.run(server.base_url, server.model_name, todo, progress, server.check_alive)
+                )
     finally:
         book.close()
     elapsed = time.monotonic() - t0
@@ -406,9 +490,11 @@ def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg
 
     missing = [i for i in rows if i not in book.done]
     if missing:
-        raise ExtractError(f"{len(missing)} sample(s) of part {part} failed "
-                           f"({ex.failures[:3]}); the {len(book.done)} stored ones are kept, "
-                           "re-run to retry the rest")
+        raise ExtractError(
+            f"{len(missing)} sample(s) of part {part} failed "
+            f"({ex.failures[:3]}); the {len(book.done)} stored ones are kept, "
+            "re-run to retry the rest"
+        )
     stored_hits = sum(book.done[i]["agree"][0] for i in rows)
     stored_checked = sum(book.done[i]["agree"][1] for i in rows)
     agreement = stored_hits / stored_checked if stored_checked else None
@@ -425,55 +511,79 @@ def run_part(part: int, jobs: int, target_json, dataset_dir, root, part_out, cfg
     enforce(verification, cfg)
     tokens_this_run = sum(seq_lens[i] for i in todo)
     manifest = {
-        "part": part, "jobs": jobs, "samples": [rows.start, rows.stop],
-        "num_samples": len(rows), "tokens": sum(book.done[i]["tokens"] for i in rows),
+        "part": part,
+        "jobs": jobs,
+        "samples": [rows.start, rows.stop],
+        "num_samples": len(rows),
+        "tokens": sum(book.done[i]["tokens"] for i in rows),
         "bytes": sum(book.done[i]["bytes"] for i in rows),
-        "layer_ids": layer_ids, "aux_layer_ids": aux, "final_layer_id": final,
-        "hidden_size": arch["hidden_size"], "storage": cfg["storage"],
-        "samples_per_shard": S, "root": str(root),
+        "layer_ids": layer_ids,
+        "aux_layer_ids": aux,
+        "final_layer_id": final,
+        "hidden_size": arch["hidden_size"],
+        "storage": cfg["storage"],
+        "samples_per_shard": S,
+        "root": str(root),
         "shards": [book.summary(s) for s in book.shards()],
-        "verification": verification, "disk": disk,
-        "this_run": {"samples": len(todo), "tokens": tokens_this_run,
-                     "elapsed_s": round(elapsed, 2),
-                     "validator_s_per_phase": {k: round(v, 2) for k, v in ex.timings.items()},
-                     "tokens_per_s": round(tokens_this_run / elapsed, 1) if todo else None},
+        "verification": verification,
+        "disk": disk,
+        "this_run": {
+            "samples": len(todo),
+            "tokens": tokens_this_run,
+            "elapsed_s": round(elapsed, 2),
+            "validator_s_per_phase": {k: round(v, 2) for k, v in ex.timings.items()},
+            "tokens_per_s": round(tokens_this_run / elapsed, 1) if todo else None,
+        },
         "provenance": provenance(cfg, inputs={"dataset": dataset_dir, "target": target_json}),
     }
     write_json(part_out, manifest)
     return manifest
 
 
-def maybe_reference(target: dict, cfg: dict, book: ShardBook, rows: range,
-                    layer_ids: list[int], ds) -> dict | None:
+def maybe_reference(
+    target: dict, cfg: dict, book: ShardBook, rows: range, layer_ids: list[int], ds
+) -> dict | None:
     mode = cfg["reference_forward"]
     if mode == "never" or (mode == "auto" and not model_fits(target["model_path"])):
-        return {"skipped": f"reference_forward={mode}"
-                + ("" if mode == "never" else " and the model does not fit in memory")}
+        return {
+            "skipped": f"reference_forward={mode}"
+            + ("" if mode == "never" else " and the model does not fit in memory")
+        }
     from safetensors.torch import load_file
 
     samples = []
-    for i in list(rows)[:cfg["reference_rows"]]:
+    for i in list(rows)[: cfg["reference_rows"]]:
         t = load_file(shards.sample_path(book.root, i, book.S))
         samples.append((ds[i]["input_ids"], shards.dequantize(t)))
     log.info("reference forward with transformers on %d row(s)", len(samples))
-    return reference_errors(target["model_path"], samples, layer_ids,
-                            target.get("trust_remote_code", False))
+    return reference_errors(
+        target["model_path"], samples, layer_ids, target.get("trust_remote_code", False)
+    )
 
 
 def enforce(v: dict, cfg: dict) -> None:
     agreement = v["next_token_agreement"]
-    if agreement is not None and v["synth_temperature"] == 0 \
-            and agreement < cfg["min_next_token_agreement"]:
+    if (
+        agreement is not None
+        and v["synth_temperature"] == 0
+        and agreement < cfg["min_next_token_agreement"]
+    ):
         raise ExtractError(
             f"next-token agreement {agreement:.3f} < extract.min_next_token_agreement "
             f"{cfg['min_next_token_agreement']}: lm_head(norm(h_final)) does not predict the "
             "greedy synth tokens, so the hidden states are shifted, zeroed or from the wrong "
-            "layers. Do not train on them.")
+            "layers. Do not train on them."
+        )
     ref = v["reference"] or {}
-    if ref.get("max_rel_error") is not None and ref["max_rel_error"] > cfg["max_reference_rel_error"]:
-        raise ExtractError(f"hidden states differ from a transformers forward by "
-                           f"{ref['max_rel_error']:.3g} (per layer: "
-                           f"{ref['max_rel_error_per_layer']}) > extract.max_reference_rel_error")
+    if (
+        ref.get("max_rel_error") is not None
+        and ref["max_rel_error"] > cfg["max_reference_rel_error"]
+    ):
+        raise ExtractError(
+            f"hidden states differ from a transformers forward by "
+            f"{ref['max_rel_error']:.3g} (per layer: "
+            f"{ref['max_rel_error_per_layer']}) > extract.max_reference_rel_error"
+        )
 
 
 def gather(parts: list, manifest_out, cfg: dict) -> dict:
@@ -487,26 +597,37 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
     expected = 0
     for m in ms:
         if m["samples"][0] != expected:
-            raise ExtractError(f"part {m['part']} starts at sample {m['samples'][0]}, "
-                               f"expected {expected}")
+            raise ExtractError(
+                f"part {m['part']} starts at sample {m['samples'][0]}, expected {expected}"
+            )
         expected = m["samples"][1]
     positions = sum(m["verification"]["next_token_positions"] for m in ms)
-    hits = sum((m["verification"]["next_token_agreement"] or 0)
-               * m["verification"]["next_token_positions"] for m in ms)
-    refs = [m["verification"]["reference"] for m in ms
-            if m["verification"]["reference"] and "max_rel_error" in m["verification"]["reference"]]
+    hits = sum(
+        (m["verification"]["next_token_agreement"] or 0) * m["verification"]["next_token_positions"]
+        for m in ms
+    )
+    refs = [
+        m["verification"]["reference"]
+        for m in ms
+        if m["verification"]["reference"] and "max_rel_error" in m["verification"]["reference"]
+    ]
     manifest = {
         "format": shards.MANIFEST_FORMAT,
-        "root": first["root"], "num_samples": expected,
+        "root": first["root"],
+        "num_samples": expected,
         "samples_per_shard": first["samples_per_shard"],
-        "layer_ids": first["layer_ids"], "aux_layer_ids": first["aux_layer_ids"],
-        "final_layer_id": first["final_layer_id"], "hidden_size": first["hidden_size"],
+        "layer_ids": first["layer_ids"],
+        "aux_layer_ids": first["aux_layer_ids"],
+        "final_layer_id": first["final_layer_id"],
+        "hidden_size": first["hidden_size"],
         "storage": first["storage"],
-        "tokens": sum(m["tokens"] for m in ms), "bytes": sum(m["bytes"] for m in ms),
+        "tokens": sum(m["tokens"] for m in ms),
+        "bytes": sum(m["bytes"] for m in ms),
         "bytes_per_token": sum(m["bytes"] for m in ms) / max(1, sum(m["tokens"] for m in ms)),
         "shards": [s for m in ms for s in m["shards"]],
-        "parts": [{"part": m["part"], "samples": m["samples"], "this_run": m["this_run"]}
-                  for m in ms],
+        "parts": [
+            {"part": m["part"], "samples": m["samples"], "this_run": m["this_run"]} for m in ms
+        ],
         "verification": {
             "samples_checked": sum(m["verification"]["samples_checked"] for m in ms),
             "next_token_agreement": hits / positions if positions else None,
@@ -514,8 +635,9 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
             "reference_max_rel_error": max((r["max_rel_error"] for r in refs), default=None),
             "reference_per_layer": refs[0]["max_rel_error_per_layer"] if refs else None,
         },
-        "provenance": provenance(cfg, inputs={f"part_{m['part']}": p for m, p in
-                                              zip(ms, sorted(parts))}),
+        "provenance": provenance(
+            cfg, inputs={f"part_{m['part']}": p for m, p in zip(ms, sorted(parts))}
+        ),
     }
     write_json(manifest_out, manifest)
     return manifest

@@ -140,8 +140,9 @@ class AppendLog:
 
     def append(self, row: dict) -> None:
         assert self._fh is not None, "AppendLog.open() first"
-        self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":"),
-                                  default=self.default) + "\n")
+        self._fh.write(
+            json.dumps(row, ensure_ascii=False, separators=(",", ":"), default=self.default) + "\n"
+        )
         self._fh.flush()
         self._since_sync += 1
         if self._since_sync >= self.fsync_every:

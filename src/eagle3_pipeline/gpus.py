@@ -55,8 +55,13 @@ def visible_devices(env: dict | None = None) -> list[str]:
     if not smi:
         return []
     try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
@@ -69,9 +74,14 @@ class GpuLease:
     ...     # os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(devices)
     """
 
-    def __init__(self, count: int, devices: list[str] | None = None,
-                 lock_dir: Path | str = DEFAULT_LOCK_DIR, timeout_s: float | None = None,
-                 poll_s: float = 2.0):
+    def __init__(
+        self,
+        count: int,
+        devices: list[str] | None = None,
+        lock_dir: Path | str = DEFAULT_LOCK_DIR,
+        timeout_s: float | None = None,
+        poll_s: float = 2.0,
+    ):
         self.count = count
         self.devices = visible_devices() if devices is None else list(devices)
         self.lock_dir = Path(lock_dir)
@@ -97,7 +107,8 @@ class GpuLease:
         if len(self.devices) < self.count:
             raise GpuAllocationError(
                 f"need {self.count} GPU(s) but this machine shows {len(self.devices)} "
-                f"({self.devices or 'none'}); check CUDA_VISIBLE_DEVICES / nvidia-smi")
+                f"({self.devices or 'none'}); check CUDA_VISIBLE_DEVICES / nvidia-smi"
+            )
         self.lock_dir.mkdir(parents=True, exist_ok=True)
         start, warned = time.monotonic(), False
         while True:
@@ -112,13 +123,18 @@ class GpuLease:
             # Give back partial holdings so two waiting jobs cannot deadlock on halves.
             self.release()
             if not warned:
-                log.warning("waiting for %d free GPU(s) among %s (others are in use by "
-                            "concurrent jobs; pass --resources gpus=N to let Snakemake "
-                            "schedule them)", self.count, self.devices)
+                log.warning(
+                    "waiting for %d free GPU(s) among %s (others are in use by "
+                    "concurrent jobs; pass --resources gpus=N to let Snakemake "
+                    "schedule them)",
+                    self.count,
+                    self.devices,
+                )
                 warned = True
             if self.timeout_s is not None and time.monotonic() - start > self.timeout_s:
                 raise GpuAllocationError(
-                    f"no {self.count} free GPU(s) after {self.timeout_s:.0f} s")
+                    f"no {self.count} free GPU(s) after {self.timeout_s:.0f} s"
+                )
             time.sleep(self.poll_s)
 
     def release(self) -> None:

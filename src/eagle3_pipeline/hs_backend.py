@@ -32,10 +32,15 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
     path = Path(root) / "manifest.json"
     manifest = json.loads(path.read_text())
     if manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{path}: format {manifest.get('format')!r}, "
-                         f"expected {MANIFEST_FORMAT!r}")
-    for key in ("samples_per_shard", "aux_layer_ids", "final_layer_id", "hidden_size",
-                "storage", "num_samples"):
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    for key in (
+        "samples_per_shard",
+        "aux_layer_ids",
+        "final_layer_id",
+        "hidden_size",
+        "storage",
+        "num_samples",
+    ):
         if key not in manifest:
             raise ValueError(f"{path}: missing key {key!r}")
     return manifest
@@ -45,8 +50,13 @@ class ShardedTransfer(HiddenStatesTransfer):
     """Reads ``shards/shard_<s>/hs_<i>.safetensors`` under ``root``; fp8 files are
     dequantized to ``dequantize_dtype`` (the collate function casts to the training dtype)."""
 
-    def __init__(self, root: str | Path, samples_per_shard: int, num_samples: int,
-                 dequantize_dtype: str = "bfloat16"):
+    def __init__(
+        self,
+        root: str | Path,
+        samples_per_shard: int,
+        num_samples: int,
+        dequantize_dtype: str = "bfloat16",
+    ):
         self.root = str(root)
         self.samples_per_shard = int(samples_per_shard)
         self.num_samples = int(num_samples)
@@ -69,13 +79,15 @@ class ShardedTransfer(HiddenStatesTransfer):
 
             scales = sample.pop(SCALES_KEY)
             sample["hidden_states"] = dequantize_fp8_tensor(
-                sample["hidden_states"], scales, dtype=getattr(torch, self.dequantize_dtype))
+                sample["hidden_states"], scales, dtype=getattr(torch, self.dequantize_dtype)
+            )
         return sample
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
         raise RuntimeError(
             f"backend {BACKEND_NAME!r} only reads extracted hidden states; sample missing "
-            f"under {self.root} (run the extract stage; train with on_missing=raise)")
+            f"under {self.root} (run the extract stage; train with on_missing=raise)"
+        )
 
 
 class ShardedBackend(HiddenStatesBackend):
@@ -85,8 +97,13 @@ class ShardedBackend(HiddenStatesBackend):
     @staticmethod
     def add_train_args(parser) -> None:
         # Same dest as the stock file/fp8 backends (speculators de-duplicates by dest).
-        _add_argument_if_absent(parser, "--hidden-states-path", type=str, default=None,
-                                help="hidden-states root holding manifest.json and shards/")
+        _add_argument_if_absent(
+            parser,
+            "--hidden-states-path",
+            type=str,
+            default=None,
+            help="hidden-states root holding manifest.json and shards/",
+        )
 
     @staticmethod
     def add_launch_args(parser) -> None:  # extraction is the pipeline's extract stage
@@ -99,8 +116,9 @@ class ShardedBackend(HiddenStatesBackend):
             raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
         manifest = read_manifest(root)
         dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
-        return ShardedTransfer(root, manifest["samples_per_shard"], manifest["num_samples"],
-                               dequantize_dtype=dtype)
+        return ShardedTransfer(
+            root, manifest["samples_per_shard"], manifest["num_samples"], dequantize_dtype=dtype
+        )
 
     @staticmethod
     def build_kv_transfer_config(args) -> dict[str, Any]:

@@ -58,6 +58,7 @@ READ_CHUNK_BYTES = 16 << 20
 # Row logic shared with the vocab stage
 # --------------------------------------------------------------------------------------------
 
+
 def check_record(rec: Any) -> tuple[list[int], list[int]] | str:
     """``(prompt_ids, completion_ids)`` of a synth record, or the reason it is malformed.
 
@@ -97,8 +98,9 @@ def truncate_lengths(n_prompt, n_completion, seq_length: int):
     return seq_len, n_trainable
 
 
-def iter_line_chunks(path: str | os.PathLike, chunk_bytes: int = READ_CHUNK_BYTES,
-                     progress: Progress | None = None) -> Iterator[bytes]:
+def iter_line_chunks(
+    path: str | os.PathLike, chunk_bytes: int = READ_CHUNK_BYTES, progress: Progress | None = None
+) -> Iterator[bytes]:
     """Decompressed content of a zstd JSONL file in chunks of whole lines (bounded memory).
 
     ``progress`` (total = the compressed file size) is advanced by the compressed bytes read.
@@ -118,7 +120,7 @@ def iter_line_chunks(path: str | os.PathLike, chunk_bytes: int = READ_CHUNK_BYTE
                 rest += block
                 continue
             yield rest + block[: cut + 1]
-            rest = block[cut + 1:]
+            rest = block[cut + 1 :]
         if rest.strip():
             yield rest
 
@@ -171,15 +173,18 @@ def percentiles(values: np.ndarray, qs=(0, 5, 25, 50, 75, 95, 99, 100)) -> dict[
 # The stage
 # --------------------------------------------------------------------------------------------
 
+
 def _arrow_schema():
     import datasets
 
-    features = datasets.Features({
-        "input_ids": datasets.List(datasets.Value("int64")),
-        "loss_mask": datasets.List(datasets.Value("int64")),
-        "seq_len": datasets.Value("int64"),
-        "sample_id": datasets.Value("string"),
-    })
+    features = datasets.Features(
+        {
+            "input_ids": datasets.List(datasets.Value("int64")),
+            "loss_mask": datasets.List(datasets.Value("int64")),
+            "seq_len": datasets.Value("int64"),
+            "sample_id": datasets.Value("string"),
+        }
+    )
     return features.arrow_schema
 
 
@@ -192,8 +197,9 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
     rows_in = truncated = tokens_trainable = 0
     seq_lens: list[np.ndarray] = []
     batch: dict[str, list] = {name: [] for name in schema.names}
-    progress = Progress(records_path.stat().st_size, "prepare: synth records", unit="bytes",
-                        every_s=30, logger=log)
+    progress = Progress(
+        records_path.stat().st_size, "prepare: synth records", unit="bytes", every_s=30, logger=log
+    )
 
     def flush(writer) -> None:
         if not batch["seq_len"]:
@@ -233,8 +239,13 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
     }
 
 
-def build_dataset(records_path: str | os.PathLike, dataset_dir: str | os.PathLike,
-                  stats_out: str | os.PathLike, seq_length: int, seed: int) -> dict[str, Any]:
+def build_dataset(
+    records_path: str | os.PathLike,
+    dataset_dir: str | os.PathLike,
+    stats_out: str | os.PathLike,
+    seq_length: int,
+    seed: int,
+) -> dict[str, Any]:
     """Build the shuffled training data set from the synth records; return the stats.
 
     Built in a temporary directory beside ``dataset_dir`` and renamed into place at the end,
@@ -254,16 +265,21 @@ def build_dataset(records_path: str | os.PathLike, dataset_dir: str | os.PathLik
         if stats["rows_kept"] == 0:
             raise ValueError(
                 f"no training rows left from {records_path} ({stats['rows_in']} records, "
-                f"dropped by reason: {stats['dropped_by_reason']})")
-        log.info("prepare: %d of %d rows kept (%s dropped), %d trainable of %d tokens",
-                 stats["rows_kept"], stats["rows_in"], stats["dropped_by_reason"],
-                 stats["tokens_trainable"], stats["tokens_total"])
+                f"dropped by reason: {stats['dropped_by_reason']})"
+            )
+        log.info(
+            "prepare: %d of %d rows kept (%s dropped), %d trainable of %d tokens",
+            stats["rows_kept"],
+            stats["rows_in"],
+            stats["dropped_by_reason"],
+            stats["tokens_trainable"],
+            stats["tokens_total"],
+        )
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # tqdm bars make unreadable job logs
         try:
             ds = datasets.Dataset.from_file(str(tmp / "rows.arrow"))
-            ds = ds.shuffle(seed=seed,
-                            indices_cache_file_name=str(tmp / "shuffle-indices.arrow"))
+            ds = ds.shuffle(seed=seed, indices_cache_file_name=str(tmp / "shuffle-indices.arrow"))
             # speculators' preprocessing saves its data sets in torch format; ArrowDataset relies
             # on it (`self.data[i]["input_ids"]` is compared with torch.equal).
             ds.set_format(type="torch")
@@ -280,7 +296,8 @@ def build_dataset(records_path: str | os.PathLike, dataset_dir: str | os.PathLik
 
     stats["seq_length"] = seq_length
     stats["seed"] = seed
-    stats["provenance"] = provenance({"seq_length": seq_length, "seed": seed},
-                                     {"records": records_path})
+    stats["provenance"] = provenance(
+        {"seq_length": seq_length, "seed": seed}, {"records": records_path}
+    )
     write_json(stats_out, stats)
     return stats

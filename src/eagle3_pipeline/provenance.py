@@ -39,7 +39,10 @@ def code_version() -> dict[str, Any]:
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty", "--tags"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
         info["git"] = out
         info["dirty"] = out.endswith("-dirty")
@@ -60,27 +63,35 @@ def package_versions(packages: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, 
     return versions
 
 
-def input_checksums(paths: dict[str, str | os.PathLike] | None,
-                    max_bytes: int = 2 << 30) -> dict[str, Any]:
+def input_checksums(
+    paths: dict[str, str | os.PathLike] | None, max_bytes: int = 2 << 30
+) -> dict[str, Any]:
     """sha256 of each input file (size only for files above ``max_bytes``; dirs by listing)."""
     out: dict[str, Any] = {}
     for name, p in (paths or {}).items():
         p = Path(p)
         if p.is_file():
             size = p.stat().st_size
-            out[name] = {"path": str(p), "bytes": size,
-                         "sha256": sha256_file(p) if size <= max_bytes else None}
+            out[name] = {
+                "path": str(p),
+                "bytes": size,
+                "sha256": sha256_file(p) if size <= max_bytes else None,
+            }
         elif p.is_dir():
             files = sorted(f for f in p.rglob("*") if f.is_file())
-            out[name] = {"path": str(p), "files": len(files),
-                         "bytes": sum(f.stat().st_size for f in files)}
+            out[name] = {
+                "path": str(p),
+                "files": len(files),
+                "bytes": sum(f.stat().st_size for f in files),
+            }
         else:
             out[name] = {"path": str(p), "missing": True}
     return out
 
 
-def provenance(params: dict[str, Any] | None = None,
-               inputs: dict[str, str | os.PathLike] | None = None) -> dict[str, Any]:
+def provenance(
+    params: dict[str, Any] | None = None, inputs: dict[str, str | os.PathLike] | None = None
+) -> dict[str, Any]:
     """The provenance block every manifest carries."""
     return {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

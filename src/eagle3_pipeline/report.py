@@ -34,6 +34,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 # ---- plots -------------------------------------------------------------------------------------
 
+
 def plot_bench(bench: dict, plots_dir: Path) -> dict[str, Path]:
     import matplotlib
 
@@ -51,26 +52,38 @@ def plot_bench(bench: dict, plots_dir: Path) -> dict[str, Path]:
     width = 0.8 / len(runs)
     for j, r in enumerate(runs):
         pos = r["per_position"] or []
-        ax.bar([i + j * width for i in range(len(pos))], pos, width,
-               label=f"{r['prompt_set']} k={r['k']} T={r['temperature']} c={r['concurrency']}")
+        ax.bar(
+            [i + j * width for i in range(len(pos))],
+            pos,
+            width,
+            label=f"{r['prompt_set']} k={r['k']} T={r['temperature']} c={r['concurrency']}",
+        )
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (accepted / drafts)")
     ax.set_title("Per-position acceptance")
     ax.set_ylim(0, 1)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(max(len(r["per_position"] or [])
-                                                          for r in runs))])
-    ax.set_xticklabels([str(i + 1) for i in range(max(len(r["per_position"] or [])
-                                                      for r in runs))])
+    ax.set_xticks(
+        [i + 0.4 - width / 2 for i in range(max(len(r["per_position"] or []) for r in runs))]
+    )
+    ax.set_xticklabels([str(i + 1) for i in range(max(len(r["per_position"] or []) for r in runs))])
     ax.legend(fontsize=7)
     fig.tight_layout()
     out["acceptance_per_position"] = plots_dir / "acceptance_per_position.png"
     fig.savefig(out["acceptance_per_position"], dpi=110)
     plt.close(fig)
 
-    labels = [f"{r['prompt_set']}\nk={r['k']} T={r['temperature']} c={r['concurrency']}"
-              for r in runs]
-    def paired_bars(key: str, first: tuple[str, list], second: tuple[str, list], ylabel: str,
-                    title: str, hline: float | None = None) -> None:
+    labels = [
+        f"{r['prompt_set']}\nk={r['k']} T={r['temperature']} c={r['concurrency']}" for r in runs
+    ]
+
+    def paired_bars(
+        key: str,
+        first: tuple[str, list],
+        second: tuple[str, list],
+        ylabel: str,
+        title: str,
+        hline: float | None = None,
+    ) -> None:
         fig, ax = plt.subplots(figsize=(7, 4))
         xs = range(len(runs))
         ax.bar(xs, first[1], 0.4, label=first[0])
@@ -87,18 +100,29 @@ def plot_bench(bench: dict, plots_dir: Path) -> dict[str, Path]:
         fig.savefig(out[key], dpi=110)
         plt.close(fig)
 
-    paired_bars("acceptance_length", ("measured", [r["acceptance_length"] for r in runs]),
-                ("predicted by training validation",
-                 [r.get("predicted_acceptance_length") or 0 for r in runs]),
-                "acceptance length τ (tokens per step)", "Acceptance length per prompt set",
-                hline=1.0)
-    paired_bars("throughput", ("without drafter", [r["baseline_tokens_per_s"] for r in runs]),
-                ("with drafter", [r["tokens_per_s"] for r in runs]), "output tokens/s",
-                "Throughput with and without the drafter (same job)")
+    paired_bars(
+        "acceptance_length",
+        ("measured", [r["acceptance_length"] for r in runs]),
+        (
+            "predicted by training validation",
+            [r.get("predicted_acceptance_length") or 0 for r in runs],
+        ),
+        "acceptance length τ (tokens per step)",
+        "Acceptance length per prompt set",
+        hline=1.0,
+    )
+    paired_bars(
+        "throughput",
+        ("without drafter", [r["baseline_tokens_per_s"] for r in runs]),
+        ("with drafter", [r["tokens_per_s"] for r in runs]),
+        "output tokens/s",
+        "Throughput with and without the drafter (same job)",
+    )
     return out
 
 
 # ---- content ----------------------------------------------------------------------------------
+
 
 def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
     """Report content as (title, blocks); a block is ("p", text), ("table", header, rows),
@@ -111,115 +135,275 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
     rows = []
     for r in bench.get("runs", []):
         ovb = r.get("outputs_vs_baseline")
-        rows.append([r["prompt_set"], r["k"], r["temperature"], r["concurrency"],
-                     _fmt(r["acceptance_length"]), _fmt(r.get("predicted_acceptance_length")),
-                     " / ".join(_fmt(p, 2) for p in (r["per_position"] or [])),
-                     _fmt(r["tokens_per_s"]), _fmt(r["baseline_tokens_per_s"]),
-                     _fmt(r["speedup"]),
-                     f"{ovb['differing']}/{ovb['compared']}" if ovb else "–"])
-    out.append(("Benchmark", [
-        ("banner", verdict.get("ok", False), verdict.get("message", "no benchmark verdict")),
-        ("table", ["prompt set", "k", "T", "conc.", "τ measured", "τ predicted",
-                   "acceptance per position", "tok/s drafter", "tok/s baseline", "speedup",
-                   "outputs differing (T=0)"], rows),
-        ("p", "τ = 1 + accepted / drafts from vLLM's spec-decode counters; τ predicted = "
-              "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. A measured τ "
-              "far below the prediction points at a train/serve mismatch."),
-        ("img", "acceptance_length"), ("img", "acceptance_per_position"), ("img", "throughput"),
-    ]))
+        rows.append(
+            [
+                r["prompt_set"],
+                r["k"],
+                r["temperature"],
+                r["concurrency"],
+                _fmt(r["acceptance_length"]),
+                _fmt(r.get("predicted_acceptance_length")),
+                " / ".join(_fmt(p, 2) for p in (r["per_position"] or [])),
+                _fmt(r["tokens_per_s"]),
+                _fmt(r["baseline_tokens_per_s"]),
+                _fmt(r["speedup"]),
+                f"{ovb['differing']}/{ovb['compared']}" if ovb else "–",
+            ]
+        )
+    out.append(
+        (
+            "Benchmark",
+            [
+                (
+                    "banner",
+                    verdict.get("ok", False),
+                    verdict.get("message", "no benchmark verdict"),
+                ),
+                (
+                    "table",
+                    [
+                        "prompt set",
+                        "k",
+                        "T",
+                        "conc.",
+                        "τ measured",
+                        "τ predicted",
+                        "acceptance per position",
+                        "tok/s drafter",
+                        "tok/s baseline",
+                        "speedup",
+                        "outputs differing (T=0)",
+                    ],
+                    rows,
+                ),
+                (
+                    "p",
+                    "τ = 1 + accepted / drafts from vLLM's spec-decode counters; τ predicted = "
+                    "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. A measured τ "
+                    "far below the prediction points at a train/serve mismatch.",
+                ),
+                ("img", "acceptance_length"),
+                ("img", "acceptance_per_position"),
+                ("img", "throughput"),
+            ],
+        )
+    )
 
     cons = bench.get("consistency", {})
-    out.append(("Train/serve consistency", [
-        ("banner", cons.get("ok", False),
-         "drafter config matches extraction and target" if cons.get("ok")
-         else "; ".join(cons.get("problems", ["not checked"]))),
-        ("table", ["field", "drafter"], [[k, _fmt(v)] for k, v in
-                                         (cons.get("drafter") or {}).items()]),
-    ]))
+    out.append(
+        (
+            "Train/serve consistency",
+            [
+                (
+                    "banner",
+                    cons.get("ok", False),
+                    "drafter config matches extraction and target"
+                    if cons.get("ok")
+                    else "; ".join(cons.get("problems", ["not checked"])),
+                ),
+                (
+                    "table",
+                    ["field", "drafter"],
+                    [[k, _fmt(v)] for k, v in (cons.get("drafter") or {}).items()],
+                ),
+            ],
+        )
+    )
 
     tc = synth.get("template_check", {})
-    out.append(("Synthetic data", [
-        ("table", ["", ""], [
-            ["samples ok / prompts", f"{_fmt(synth.get('samples_ok'))} / "
-                                     f"{_fmt(synth.get('prompts'))}"],
-            ["failed or rejected", _fmt(synth.get("samples_failed")) if synth.get("samples_failed")
-             else "0"],
-            ["prompt / completion tokens", f"{_fmt(synth.get('prompt_tokens'))} / "
-                                           f"{_fmt(synth.get('completion_tokens'))}"],
-            ["finish reasons", _fmt(synth.get("finish_reasons"))],
-            ["reasoning capture rate", _fmt(synth.get("reasoning_capture_rate"))],
-            ["template check: text mismatches", _fmt(tc.get("text_mismatches"))],
-            ["template check: same text, other tokens", _fmt(tc.get("tokenization_only"))],
-            ["generation tokens/s (all runs that generated)",
-             _fmt((synth.get("generation") or {}).get("completion_tokens_per_s"))],
-        ]),
-        ("table", ["prompt source", "use", "rows read", "usable", "skipped (bad)",
-                   "duplicates", "sampled"], [
-            [name, use, _fmt(s.get("rows_read")), _fmt(s.get("kept")),
-             ", ".join(f"{k} {v}" for k, v in (s.get("skipped") or {}).items() if v) or "0",
-             _fmt(s.get("duplicates")), _fmt(s.get("sampled"))]
-            for use in ("train", "bench") for name, s in (prompts.get(use) or {}).items()]),
-    ]))
+    out.append(
+        (
+            "Synthetic data",
+            [
+                (
+                    "table",
+                    ["", ""],
+                    [
+                        [
+                            "samples ok / prompts",
+                            f"{_fmt(synth.get('samples_ok'))} / {_fmt(synth.get('prompts'))}",
+                        ],
+                        [
+                            "failed or rejected",
+                            _fmt(synth.get("samples_failed"))
+                            if synth.get("samples_failed")
+                            else "0",
+                        ],
+                        [
+                            "prompt / completion tokens",
+                            f"{_fmt(synth.get('prompt_tokens'))} / "
+                            f"{_fmt(synth.get('completion_tokens'))}",
+                        ],
+                        ["finish reasons", _fmt(synth.get("finish_reasons"))],
+                        ["reasoning capture rate", _fmt(synth.get("reasoning_capture_rate"))],
+                        ["template check: text mismatches", _fmt(tc.get("text_mismatches"))],
+                        [
+                            "template check: same text, other tokens",
+                            _fmt(tc.get("tokenization_only")),
+                        ],
+                        [
+                            "generation tokens/s (all runs that generated)",
+                            _fmt((synth.get("generation") or {}).get("completion_tokens_per_s")),
+                        ],
+                    ],
+                ),
+                (
+                    "table",
+                    [
+                        "prompt source",
+                        "use",
+                        "rows read",
+                        "usable",
+                        "skipped (bad)",
+                        "duplicates",
+                        "sampled",
+                    ],
+                    [
+                        [
+                            name,
+                            use,
+                            _fmt(s.get("rows_read")),
+                            _fmt(s.get("kept")),
+                            ", ".join(f"{k} {v}" for k, v in (s.get("skipped") or {}).items() if v)
+                            or "0",
+                            _fmt(s.get("duplicates")),
+                            _fmt(s.get("sampled")),
+                        ]
+                        for use in ("train", "bench")
+                        for name, s in (prompts.get(use) or {}).items()
+                    ],
+                ),
+            ],
+        )
+    )
 
-    out.append(("Training rows and vocabulary", [
-        ("table", ["", ""], [[k, _fmt(v)] for k, v in prepare.items()
-                             if k not in ("provenance",) and not isinstance(v, dict)]),
-        ("table", ["", ""], [[k, _fmt(v)] for k, v in vocab.items()
-                             if k not in ("provenance",)]),
-        ("img", "vocab"),
-    ]))
+    out.append(
+        (
+            "Training rows and vocabulary",
+            [
+                (
+                    "table",
+                    ["", ""],
+                    [
+                        [k, _fmt(v)]
+                        for k, v in prepare.items()
+                        if k not in ("provenance",) and not isinstance(v, dict)
+                    ],
+                ),
+                (
+                    "table",
+                    ["", ""],
+                    [[k, _fmt(v)] for k, v in vocab.items() if k not in ("provenance",)],
+                ),
+                ("img", "vocab"),
+            ],
+        )
+    )
 
     v = manifest.get("verification", {})
-    out.append(("Hidden-state extraction", [
-        ("table", ["", ""], [
-            ["samples / tokens", f"{_fmt(manifest.get('num_samples'))} / "
-                                 f"{_fmt(manifest.get('tokens'))}"],
-            ["layers (aux + final)", _fmt(manifest.get("layer_ids"))],
-            ["storage, bytes per token", f"{manifest.get('storage')}, "
-                                         f"{_fmt(manifest.get('bytes_per_token'))}"],
-            ["next-token agreement", _fmt(v.get("next_token_agreement"), 4)
-             + f" over {_fmt(v.get('next_token_positions'))} positions"],
-            ["reference forward: max relative error", _fmt(v.get("reference_max_rel_error"))],
-            ["reference error per layer", _fmt(v.get("reference_per_layer"))],
-            ["extraction tokens/s (per part, last run)",
-             _fmt([p["this_run"].get("tokens_per_s") for p in manifest.get("parts", [])])],
-        ]),
-    ]))
+    out.append(
+        (
+            "Hidden-state extraction",
+            [
+                (
+                    "table",
+                    ["", ""],
+                    [
+                        [
+                            "samples / tokens",
+                            f"{_fmt(manifest.get('num_samples'))} / {_fmt(manifest.get('tokens'))}",
+                        ],
+                        ["layers (aux + final)", _fmt(manifest.get("layer_ids"))],
+                        [
+                            "storage, bytes per token",
+                            f"{manifest.get('storage')}, {_fmt(manifest.get('bytes_per_token'))}",
+                        ],
+                        [
+                            "next-token agreement",
+                            _fmt(v.get("next_token_agreement"), 4)
+                            + f" over {_fmt(v.get('next_token_positions'))} positions",
+                        ],
+                        [
+                            "reference forward: max relative error",
+                            _fmt(v.get("reference_max_rel_error")),
+                        ],
+                        ["reference error per layer", _fmt(v.get("reference_per_layer"))],
+                        [
+                            "extraction tokens/s (per part, last run)",
+                            _fmt(
+                                [
+                                    p["this_run"].get("tokens_per_s")
+                                    for p in manifest.get("parts", [])
+                                ]
+                            ),
+                        ],
+                    ],
+                ),
+            ],
+        )
+    )
 
     from .bench import best_val
 
     val = best_val(train)
     tp = train.get("throughput") or {}
     acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
-    out.append(("Training", [
-        ("table", ["", ""], [
-            ["epochs (exported: best by validation loss)",
-             f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"],
-            ["validation loss", _fmt(val.get("loss"))],
-            ["validation full accuracy per TTT step", acc(val.get("full_acc"))],
-            ["validation conditional accuracy per TTT step", acc(val.get("cond_acc"))],
-            ["training tokens/s", _fmt(tp.get("tokens_per_s"))],
-            ["loader wait share of step time", _fmt(tp.get("loader_wait_fraction"))],
-            ["wall time (s)", _fmt(train.get("wall_s"))],
-        ]),
-        ("table", ["epoch", "train loss", "val loss", "val full acc", "val cond acc"], [
-            [e["epoch"], _fmt(e["train"]["loss"]), _fmt((e.get("val") or {}).get("loss")),
-             acc((e.get("val") or {}).get("full_acc")), acc((e.get("val") or {}).get("cond_acc"))]
-            for e in train.get("epochs", [])]),
-        ("img", "train"),
-    ]))
+    out.append(
+        (
+            "Training",
+            [
+                (
+                    "table",
+                    ["", ""],
+                    [
+                        [
+                            "epochs (exported: best by validation loss)",
+                            f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})",
+                        ],
+                        ["validation loss", _fmt(val.get("loss"))],
+                        ["validation full accuracy per TTT step", acc(val.get("full_acc"))],
+                        ["validation conditional accuracy per TTT step", acc(val.get("cond_acc"))],
+                        ["training tokens/s", _fmt(tp.get("tokens_per_s"))],
+                        ["loader wait share of step time", _fmt(tp.get("loader_wait_fraction"))],
+                        ["wall time (s)", _fmt(train.get("wall_s"))],
+                    ],
+                ),
+                (
+                    "table",
+                    ["epoch", "train loss", "val loss", "val full acc", "val cond acc"],
+                    [
+                        [
+                            e["epoch"],
+                            _fmt(e["train"]["loss"]),
+                            _fmt((e.get("val") or {}).get("loss")),
+                            acc((e.get("val") or {}).get("full_acc")),
+                            acc((e.get("val") or {}).get("cond_acc")),
+                        ]
+                        for e in train.get("epochs", [])
+                    ],
+                ),
+                ("img", "train"),
+            ],
+        )
+    )
 
     prov_rows = []
     for name in ("target", "prompts", "synth", "prepare", "vocab", "manifest", "train", "bench"):
         p = (d.get(name) or {}).get("provenance") or {}
         if p:
-            prov_rows.append([name, p.get("config_hash"), (p.get("code") or {}).get("git"),
-                              p.get("created")])
+            prov_rows.append(
+                [name, p.get("config_hash"), (p.get("code") or {}).get("git"), p.get("created")]
+            )
     pk = ((bench.get("provenance") or {}).get("packages")) or {}
-    out.append(("Provenance", [
-        ("table", ["stage", "config hash", "code (git describe)", "created"], prov_rows),
-        ("table", ["package", "version"], [[k, v] for k, v in sorted(pk.items())]),
-    ]))
+    out.append(
+        (
+            "Provenance",
+            [
+                ("table", ["stage", "config hash", "code (git describe)", "created"], prov_rows),
+                ("table", ["package", "version"], [[k, v] for k, v in sorted(pk.items())]),
+            ],
+        )
+    )
     return out
 
 
@@ -232,14 +416,16 @@ def _img_tag(path: Path | None) -> str:
 
 def render_html(title: str, content: list[tuple[str, list]], images: dict[str, Path]) -> str:
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-             "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
-             "padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px;text-align:left}"
-             "th{background:#f3f3f3}.ok{background:#e6f4ea;border-left:6px solid #1e8e3e}"
-             ".bad{background:#fce8e6;border-left:6px solid #d93025;font-weight:bold}"
-             ".banner{padding:10px 14px;margin:1em 0}</style></head><body>",
-             f"<h1>{e(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
+        "padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px;text-align:left}"
+        "th{background:#f3f3f3}.ok{background:#e6f4ea;border-left:6px solid #1e8e3e}"
+        ".bad{background:#fce8e6;border-left:6px solid #d93025;font-weight:bold}"
+        ".banner{padding:10px 14px;margin:1em 0}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+    ]
     for heading, blocks in content:
         parts.append(f"<h2>{e(heading)}</h2>")
         for b in blocks:
@@ -248,11 +434,11 @@ def render_html(title: str, content: list[tuple[str, list]], images: dict[str, P
             elif b[0] == "banner":
                 parts.append(f"<div class='banner {'ok' if b[1] else 'bad'}'>{e(b[2])}</div>")
             elif b[0] == "table":
-                parts.append("<table><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in b[1])
-                             + "</tr>")
+                parts.append(
+                    "<table><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in b[1]) + "</tr>"
+                )
                 for row in b[2]:
-                    parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row)
-                                 + "</tr>")
+                    parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>")
                 parts.append("</table>")
             elif b[0] == "img":
                 parts.append(_img_tag(images.get(b[1])))
@@ -260,8 +446,9 @@ def render_html(title: str, content: list[tuple[str, list]], images: dict[str, P
     return "\n".join(parts)
 
 
-def render_markdown(title: str, content: list[tuple[str, list]], images: dict[str, Path],
-                    base: Path) -> str:
+def render_markdown(
+    title: str, content: list[tuple[str, list]], images: dict[str, Path], base: Path
+) -> str:
     lines = [f"# {title}", ""]
     for heading, blocks in content:
         lines += [f"## {heading}", ""]
@@ -283,8 +470,9 @@ def render_markdown(title: str, content: list[tuple[str, list]], images: dict[st
     return "\n".join(lines)
 
 
-def build(inputs: dict[str, str], html_out, markdown_out, plots_dir, bench_cfg: dict,
-          run_name: str) -> None:
+def build(
+    inputs: dict[str, str], html_out, markdown_out, plots_dir, bench_cfg: dict, run_name: str
+) -> None:
     data = {name: read_json(path) for name, path in inputs.items() if str(path).endswith(".json")}
     for name in ("bench", "synth", "manifest", "train", "vocab", "prompts", "prepare", "target"):
         data.setdefault(name, {})

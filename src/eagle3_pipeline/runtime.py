@@ -91,8 +91,15 @@ async def for_each(items, fn, concurrency: int) -> None:
 class Progress:
     """A progress bar for log files: one line every ``every_s`` seconds with rate and ETA."""
 
-    def __init__(self, total: int, what: str, unit: str = "items", every_s: float = 10.0,
-                 logger: logging.Logger = log, done: int = 0):
+    def __init__(
+        self,
+        total: int,
+        what: str,
+        unit: str = "items",
+        every_s: float = 10.0,
+        logger: logging.Logger = log,
+        done: int = 0,
+    ):
         self.total, self.what, self.unit = total, what, unit
         self.every_s, self.logger = every_s, logger
         self.done = self.start_done = done

@@ -40,7 +40,8 @@ class ServerError(RuntimeError):
 # "(EngineCore_DP0 pid=7) ERROR 11-30 20:59:01 [core.py:708] ValueError: ..." -> "ValueError: ..."
 _EXCEPTION_LINE = re.compile(
     r"^(?:\([^)]*\)\s*)?(?:[A-Z]+ [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?"
-    r"((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$")
+    r"((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$"
+)
 
 
 def exception_lines(log_text: str, limit: int = 5) -> list[str]:
@@ -74,8 +75,14 @@ class ServerSpec:
     shutdown_grace_s: float = 30.0
 
 
-def spec_from_config(vllm_cfg: dict, model: str, *, trust_remote_code: bool = False,
-                     extra_args: list[str] | None = None, **overrides: Any) -> ServerSpec:
+def spec_from_config(
+    vllm_cfg: dict,
+    model: str,
+    *,
+    trust_remote_code: bool = False,
+    extra_args: list[str] | None = None,
+    **overrides: Any,
+) -> ServerSpec:
     """A ServerSpec from the `vllm` config section plus stage-specific settings."""
     return ServerSpec(
         model=model,
@@ -110,13 +117,21 @@ def intel_openmp() -> str | None:
 class VllmServer:
     """A managed vLLM server; use as a context manager."""
 
-    def __init__(self, spec: ServerSpec, log_path: str | os.PathLike | None = None,
-                 cache_root: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        spec: ServerSpec,
+        log_path: str | os.PathLike | None = None,
+        cache_root: str | os.PathLike | None = None,
+    ):
         self.spec = spec
-        self.log_path = Path(log_path) if log_path else Path(
-            tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
-        self.cache_root = Path(cache_root or os.environ.get("VLLM_CACHE_ROOT")
-                               or Path.cwd() / ".vllm_cache")
+        self.log_path = (
+            Path(log_path)
+            if log_path
+            else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        )
+        self.cache_root = Path(
+            cache_root or os.environ.get("VLLM_CACHE_ROOT") or Path.cwd() / ".vllm_cache"
+        )
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.model_name: str | None = None
@@ -132,11 +147,24 @@ class VllmServer:
 
     def argv(self, port: int) -> list[str]:
         s = self.spec
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", s.model, "--host", "127.0.0.1", "--port", str(port),
-                "--tensor-parallel-size", str(s.tensor_parallel_size),
-                "--dtype", self.dtype(), "--max-model-len", str(s.max_model_len),
-                "--disable-uvicorn-access-log"]
+        args = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            s.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tensor-parallel-size",
+            str(s.tensor_parallel_size),
+            "--dtype",
+            self.dtype(),
+            "--max-model-len",
+            str(s.max_model_len),
+            "--disable-uvicorn-access-log",
+        ]
         if s.seed is not None:
             args += ["--seed", str(s.seed)]
         if s.enforce_eager:
@@ -153,18 +181,22 @@ class VllmServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_CACHE_ROOT": str(self.cache_root),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+                "VLLM_NO_USAGE_STATS": "1",
+                "VLLM_CACHE_ROOT": str(self.cache_root),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if self.spec.device == "cpu":
-            env.update({
-                "VLLM_CPU_KVCACHE_SPACE": str(self.spec.cpu_kvcache_gib),
-                "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-            })
+            env.update(
+                {
+                    "VLLM_CPU_KVCACHE_SPACE": str(self.spec.cpu_kvcache_gib),
+                    "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                    "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                }
+            )
             iomp = intel_openmp()
             if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
@@ -188,8 +220,13 @@ class VllmServer:
             logf = open(self.log_path, "ab", buffering=0)
             try:
                 self.proc = subprocess.Popen(
-                    argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.environment(), start_new_session=True)
+                    argv,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.environment(),
+                    start_new_session=True,
+                )
             finally:
                 logf.close()
             try:
@@ -209,20 +246,26 @@ class VllmServer:
             if self._get("/health", timeout=2) is not None:
                 models = json.loads(self._get("/v1/models", timeout=10) or "{}")
                 self.model_name = models["data"][0]["id"]
-                log.info("vLLM server ready after %.0f s (model %s)", time.monotonic() - t0,
-                         self.model_name)
+                log.info(
+                    "vLLM server ready after %.0f s (model %s)",
+                    time.monotonic() - t0,
+                    self.model_name,
+                )
                 return
             time.sleep(1.0)
         tail, cause = self.tail(), self._root_cause()
         self.stop()
-        raise ServerError(f"vLLM server did not become healthy within "
-                          f"{self.spec.startup_timeout_s:.0f} s (raise vllm.startup_timeout_s "
-                          f"for big models).{cause} Last log lines:\n{tail}")
+        raise ServerError(
+            f"vLLM server did not become healthy within "
+            f"{self.spec.startup_timeout_s:.0f} s (raise vllm.startup_timeout_s "
+            f"for big models).{cause} Last log lines:\n{tail}"
+        )
 
     def _get(self, path: str, timeout: float) -> str | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
-                                        timeout=timeout) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}{path}", timeout=timeout
+            ) as r:
                 return r.read().decode() if r.status == 200 else None
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return None
@@ -232,8 +275,9 @@ class VllmServer:
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise ServerError(f"vLLM server exited.{self._root_cause()} Last log lines:\n"
-                              f"{self.tail()}")
+            raise ServerError(
+                f"vLLM server exited.{self._root_cause()} Last log lines:\n{self.tail()}"
+            )
 
     def _root_cause(self) -> str:
         """The exceptions the server logged, first one first: the engine's own error (e.g. a
@@ -284,6 +328,7 @@ class VllmServer:
 @dataclass
 class Endpoint:
     """Where requests go: a managed server or an external OpenAI-compatible URL."""
+
     base_url: str
     model: str
     api_key: str | None = None
@@ -297,24 +342,29 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
-def external_endpoint(url: str, model: str | None = None, api_key_env: str | None = None,
-                      timeout: float = 30.0) -> Endpoint:
+def external_endpoint(
+    url: str, model: str | None = None, api_key_env: str | None = None, timeout: float = 30.0
+) -> Endpoint:
     """Connect to an already running server; fail clearly when it is not reachable."""
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
         if not api_key:
-            raise ServerError(f"synth.api_key_env names {api_key_env!r}, but that environment "
-                              "variable is not set")
+            raise ServerError(
+                f"synth.api_key_env names {api_key_env!r}, but that environment variable is not set"
+            )
     url = url.rstrip("/")
-    req = urllib.request.Request(f"{url}/models", headers=(
-        {"Authorization": f"Bearer {api_key}"} if api_key else {}))
+    req = urllib.request.Request(
+        f"{url}/models", headers=({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             models = json.loads(r.read())
     except (urllib.error.URLError, OSError) as e:
-        raise ServerError(f"cannot reach the endpoint {url}/models: {e}. Is the server up, "
-                          "and does the URL end in /v1?") from e
+        raise ServerError(
+            f"cannot reach the endpoint {url}/models: {e}. Is the server up, "
+            "and does the URL end in /v1?"
+        ) from e
     names = [m["id"] for m in models.get("data", [])]
     if model and model not in names:
         raise ServerError(f"endpoint {url} serves {names}, not {model!r}")

@@ -23,8 +23,15 @@ import time
 
 def command(cmd: list[str], grace_s: float) -> list[str]:
     """`cmd` wrapped in the guard, watching the calling process. Start it in a new session."""
-    return [sys.executable, "-m", "eagle3_pipeline.server_guard", str(os.getpid()),
-            str(grace_s), "--", *cmd]
+    return [
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.server_guard",
+        str(os.getpid()),
+        str(grace_s),
+        "--",
+        *cmd,
+    ]
 
 
 def _kill_group(grace_s: float, child: subprocess.Popen | None, interrupt: bool) -> None:
@@ -62,8 +69,10 @@ def main(argv: list[str]) -> int:
         # SIGINT comes from VllmServer.stop() to the whole group (the server got it too);
         # SIGTERM from the kernel when the job died.
         _kill_group(grace, child, interrupt=received[0] != signal.SIGINT)
-    print(f"[server_guard] {os.path.basename(command[0])} exited with code {child.returncode}",
-          flush=True)
+    print(
+        f"[server_guard] {os.path.basename(command[0])} exited with code {child.returncode}",
+        flush=True,
+    )
     time.sleep(0.5)
     _kill_rest_of_group()
     # The command's own status (a signal as 128 + n): training is judged by it.

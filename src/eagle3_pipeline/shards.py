@@ -62,5 +62,4 @@ def part_range(num_samples: int, samples_per_shard: int, jobs: int, part: int) -
     per_part = -(-num_shards // jobs) if num_shards else 0
     first_shard = min(part * per_part, num_shards)
     last_shard = min(first_shard + per_part, num_shards)
-    return range(first_shard * samples_per_shard,
-                 min(last_shard * samples_per_shard, num_samples))
+    return range(first_shard * samples_per_shard, min(last_shard * samples_per_shard, num_samples))

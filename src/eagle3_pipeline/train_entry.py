@@ -40,6 +40,7 @@ log = logging.getLogger("eagle3_pipeline.train_entry")
 
 # ---- device bridges ------------------------------------------------------------------------
 
+
 def apply_bridges(accelerator: bool | None = None) -> list[str]:
     """Bridge the device assumptions of speculators 0.9's trainer. The only behavioural patches.
 
@@ -111,13 +112,13 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
 
 # ---- records -------------------------------------------------------------------------------
 
+
 class RecordWriter:
     """Appends JSON records to ``path`` (rank 0 only), one flushed line each."""
 
     def __init__(self, path: str | Path | None, attempt: int, rank: int):
         self.attempt = attempt
-        self._log = AppendLog(path, default=_jsonable) if path is not None and rank == 0 \
-            else None
+        self._log = AppendLog(path, default=_jsonable) if path is not None and rank == 0 else None
         if self._log is not None:
             self._log.open()
 
@@ -127,8 +128,14 @@ class RecordWriter:
 
     def write(self, kind: str, payload: Mapping[str, Any], t: float | None = None) -> None:
         if self._log is not None:
-            self._log.append({"kind": kind, "t": time.time() if t is None else t,
-                              "attempt": self.attempt, **payload})
+            self._log.append(
+                {
+                    "kind": kind,
+                    "t": time.time() if t is None else t,
+                    "attempt": self.attempt,
+                    **payload,
+                }
+            )
 
     def close(self) -> None:
         if self._log is not None:
@@ -217,6 +224,7 @@ def setup_logging(writer: RecordWriter, rank: int) -> None:
 
 # ---- probes (measurement only; training is unchanged) ---------------------------------------
 
+
 class TimedLoader:
     """Wraps the training DataLoader and records how long each ``next()`` blocked: the time
     the trainer waited for data. Everything else is delegated (len, batch_sampler, ...)."""
@@ -270,8 +278,10 @@ def device_summary(writer: RecordWriter) -> dict[str, Any]:
         return {}
     import torch
 
-    info: dict[str, Any] = {"torch": torch.__version__,
-                            "accelerator": torch.accelerator.is_available()}
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "accelerator": torch.accelerator.is_available(),
+    }
     if torch.cuda.is_available():
         info["device_name"] = torch.cuda.get_device_name()
         info["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -281,6 +291,7 @@ def device_summary(writer: RecordWriter) -> dict[str, Any]:
 
 # ---- config --------------------------------------------------------------------------------
 
+
 def build_config(job: Mapping[str, Any]):
     """speculators' ``TrainConfig`` from the job's flat fields (+ backend args)."""
     from speculators.train.config import TrainConfig
@@ -289,11 +300,13 @@ def build_config(job: Mapping[str, Any]):
     flat = dict(job["train_config"])
     unknown = sorted(set(flat) - CONFIG_DESTS)
     if unknown:  # TrainConfig ignores unknown keys silently; a typo must not
-        raise SystemExit(f"unknown speculators TrainConfig field(s) {unknown} (from "
-                         "train.extra_args?)")
+        raise SystemExit(
+            f"unknown speculators TrainConfig field(s) {unknown} (from train.extra_args?)"
+        )
     argv = ["eagle3_pipeline.train_entry", str(job.get("job_path", ""))]
-    return TrainConfig.from_sources(cli=flat, argv=argv,
-                                    backend_cli=dict(job.get("backend_args") or {}))
+    return TrainConfig.from_sources(
+        cli=flat, argv=argv, backend_cli=dict(job.get("backend_args") or {})
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,11 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = build_config(job)
     install_loader_probe(writer)
-    writer.write("start", {"pid": os.getpid(), "rank": rank,
-                           "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-                           "bridges": bridges, "mode": "stock" if stock_argv is not None
-                           else "pipeline", "resume_from": job.get("resume_from"),
-                           **device_summary(writer)})
+    writer.write(
+        "start",
+        {
+            "pid": os.getpid(),
+            "rank": rank,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "bridges": bridges,
+            "mode": "stock" if stock_argv is not None else "pipeline",
+            "resume_from": job.get("resume_from"),
+            **device_summary(writer),
+        },
+    )
     log.info("training with speculators' trainer; bridges: %s", ", ".join(bridges) or "none")
 
     from speculators.train.cli import main as speculators_main

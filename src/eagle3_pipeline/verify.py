@@ -24,14 +24,17 @@ class VerificationError(ValueError):
     pass
 
 
-def check_sample(hidden: Any, token_ids: Any, row_ids: list[int], num_layers: int,
-                 hidden_size: int) -> dict[str, Any]:
+def check_sample(
+    hidden: Any, token_ids: Any, row_ids: list[int], num_layers: int, hidden_size: int
+) -> dict[str, Any]:
     """Structural checks of one sample; raises VerificationError on the first failure."""
     import torch
 
     if list(hidden.shape) != [len(row_ids), num_layers, hidden_size]:
-        raise VerificationError(f"hidden_states shape {list(hidden.shape)}, expected "
-                                f"[{len(row_ids)}, {num_layers}, {hidden_size}]")
+        raise VerificationError(
+            f"hidden_states shape {list(hidden.shape)}, expected "
+            f"[{len(row_ids)}, {num_layers}, {hidden_size}]"
+        )
     if token_ids.tolist() != list(row_ids):
         raise VerificationError("token_ids differ from the training row")
     lo, hi = torch.aminmax(hidden)  # NaN and Inf propagate; 15x cheaper than isfinite().all()
@@ -98,8 +101,9 @@ class NextTokenProbe:
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x * (self.norm_w + self.offset)) @ self.head.T
 
-    def agreement(self, h_final, input_ids: list[int], loss_mask: list[int],
-                  max_positions: int) -> tuple[int, int]:
+    def agreement(
+        self, h_final, input_ids: list[int], loss_mask: list[int], max_positions: int
+    ) -> tuple[int, int]:
         """(hits, checked) over positions p whose next token p+1 is a completion token."""
         import torch
 
@@ -124,8 +128,10 @@ def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):
     captured = {}
     layers = model.model.layers
     hook = layers[-1].register_forward_hook(
-        lambda mod, args, out: captured.__setitem__("last", out[0] if isinstance(out, tuple)
-                                                    else out))
+        lambda mod, args, out: captured.__setitem__(
+            "last", out[0] if isinstance(out, tuple) else out
+        )
+    )
     try:
         with torch.no_grad():
             out = model(torch.tensor([input_ids], device=model.device), output_hidden_states=True)
@@ -145,8 +151,12 @@ def model_fits(model_dir: str | Path, fraction_of_ram: float = 0.4) -> bool:
     return weights * dtype_factor < fraction_of_ram * ram
 
 
-def reference_errors(model_dir: str | Path, samples: list[tuple[list[int], Any]],
-                     layer_ids: list[int], trust_remote_code: bool = False) -> dict[str, Any]:
+def reference_errors(
+    model_dir: str | Path,
+    samples: list[tuple[list[int], Any]],
+    layer_ids: list[int],
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
     """Max relative error (Frobenius over each row) per layer between extracted and reference
     hidden states. ``samples`` are (input_ids, hidden [seq, layers, hidden]).
 
@@ -156,8 +166,9 @@ def reference_errors(model_dir: str | Path, samples: list[tuple[list[int], Any]]
     from transformers import AutoModelForCausalLM
 
     kwargs = {"device_map": "auto"} if torch.cuda.is_available() else {}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
+    )
     model.eval()
     per_layer = {str(l): 0.0 for l in layer_ids}
     for ids, hidden in samples:
@@ -168,5 +179,8 @@ def reference_errors(model_dir: str | Path, samples: list[tuple[list[int], Any]]
             err = float((got - ref).norm() / ref.norm().clamp_min(1e-12))
             per_layer[str(lid)] = max(per_layer[str(lid)], err)
     del model
-    return {"rows": len(samples), "max_rel_error_per_layer": per_layer,
-            "max_rel_error": max(per_layer.values()) if per_layer else None}
+    return {
+        "rows": len(samples),
+        "max_rel_error_per_layer": per_layer,
+        "max_rel_error": max(per_layer.values()) if per_layer else None,
+    }

@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 
 from eagle3_pipeline.shards import SCALES_KEY, quantize_fp8
 
+
 class _Done:
     """Stands in for a CUDA event once a CPU copy has finished."""
 
@@ -58,8 +59,11 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         if not self._is_tp_rank_zero:
             return
         assert self._kv_cache is not None
-        if (not self._on_cpu() and self._storage == "bf16"
-                and self._kv_cache.dtype == torch.bfloat16):
+        if (
+            not self._on_cpu()
+            and self._storage == "bf16"
+            and self._kv_cache.dtype == torch.bfloat16
+        ):
             return super()._submit_async_write(pending)  # the stock asynchronous GPU path
         assert self._kv_cache is not None
         block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
@@ -78,12 +82,14 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
-            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC,
-                              0o644)
+            lock_fd = os.open(
+                pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644
+            )
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         done = _Done()
-        future = self._executor.submit(self._write_tensors_bound, tensors, done,
-                                       pending.filename, lock_fd)
+        future = self._executor.submit(
+            self._write_tensors_bound, tensors, done, pending.filename, lock_fd
+        )
         self._req_copy_events[pending.req_id] = done
         self._req_futures[pending.req_id] = future
         future.add_done_callback(lambda f, rid=pending.req_id: self._on_write_done(rid, f))

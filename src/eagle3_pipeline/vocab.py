@@ -58,6 +58,7 @@ MAX_FAST_DIGITS = 9
 # Counting
 # --------------------------------------------------------------------------------------------
 
+
 class _Tally:
     """Token counts plus the row bookkeeping of one counting pass."""
 
@@ -74,7 +75,8 @@ class _Tally:
         if ids.size and int(ids.max()) >= self.vocab_size:
             raise ValueError(
                 f"token id {int(ids.max())} in a completion is >= the target vocab size "
-                f"{self.vocab_size}: the synth records were not made with this target's tokenizer")
+                f"{self.vocab_size}: the synth records were not made with this target's tokenizer"
+            )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -171,8 +173,10 @@ def _fast_tools():
         return None
 
     # Only these fields are decoded; the id arrays stay raw JSON bytes, other fields are skipped.
-    ids_struct = msgspec.defstruct("SynthIds", [("id", str), ("prompt_token_ids", msgspec.Raw),
-                                                ("completion_token_ids", msgspec.Raw)])
+    ids_struct = msgspec.defstruct(
+        "SynthIds",
+        [("id", str), ("prompt_token_ids", msgspec.Raw), ("completion_token_ids", msgspec.Raw)],
+    )
     jit = numba.njit(nogil=True, cache=True)
     return {
         "decoder": msgspec.json.Decoder(ids_struct),
@@ -198,8 +202,9 @@ def _decode_chunk(chunk: bytes, tools: dict) -> tuple[int, np.ndarray, np.ndarra
     return len(rows), prompts, completions
 
 
-def _count_decoded(decoded: tuple[int, np.ndarray, np.ndarray] | None, seq_length: int,
-                   tally: _Tally, tools: dict) -> bool:
+def _count_decoded(
+    decoded: tuple[int, np.ndarray, np.ndarray] | None, seq_length: int, tally: _Tally, tools: dict
+) -> bool:
     """Fast way, step 2 (numba): count; False (and nothing counted) unless
     every row is well-formed and every counted id is below the vocab size."""
     if decoded is None:
@@ -208,8 +213,10 @@ def _count_decoded(decoded: tuple[int, np.ndarray, np.ndarray] | None, seq_lengt
     if n == 0:
         return True
     n_prompt = np.empty(n, dtype=np.int64)
-    if tools["parse"](prompts, np.zeros(n, dtype=np.int64), np.empty(0, dtype=np.int64),
-                      n_prompt) < 0:
+    if (
+        tools["parse"](prompts, np.zeros(n, dtype=np.int64), np.empty(0, dtype=np.int64), n_prompt)
+        < 0
+    ):
         return False
     # What truncation leaves of a completion that fills the window: its trainable budget.
     _, budget = truncate_lengths(n_prompt, seq_length, seq_length)
@@ -270,10 +277,15 @@ def prefetch(items: Iterable, depth: int = 8) -> Iterator:
         stop.set()
 
 
-def count_tokens(records_path: str | os.PathLike, vocab_size: int, seq_length: int,
-                 method: str = "auto", chunk_bytes: int = COUNT_CHUNK_BYTES,
-                 progress: Progress | None = None, prefetch_chunks: int = 32
-                 ) -> tuple[np.ndarray, dict[str, Any]]:
+def count_tokens(
+    records_path: str | os.PathLike,
+    vocab_size: int,
+    seq_length: int,
+    method: str = "auto",
+    chunk_bytes: int = COUNT_CHUNK_BYTES,
+    progress: Progress | None = None,
+    prefetch_chunks: int = 32,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Counts (int64 [vocab_size]) of the trainable tokens of the synth records, and stats.
 
     ``method``: "fast", "json" or "auto" (fast when msgspec and numba are there).
@@ -291,8 +303,9 @@ def count_tokens(records_path: str | os.PathLike, vocab_size: int, seq_length: i
         # the numba step was measured too: slower on two cores.)
         chunks = prefetch(chunks, prefetch_chunks)
     for chunk in chunks:
-        if tools is None or not _count_decoded(_decode_chunk(chunk, tools), seq_length, tally,
-                                               tools):
+        if tools is None or not _count_decoded(
+            _decode_chunk(chunk, tools), seq_length, tally, tools
+        ):
             _count_chunk_exact(chunk, seq_length, tally)
     stats = tally.summary()
     stats["method"] = "fast" if tools is not None else "json"
@@ -303,20 +316,23 @@ def count_tokens(records_path: str | os.PathLike, vocab_size: int, seq_length: i
 # The map and its coverage
 # --------------------------------------------------------------------------------------------
 
+
 def top_k_ids(counts: np.ndarray, k: int) -> np.ndarray:
     """Ids of the ``k`` most frequent tokens, ascending. Ties go to the smaller id; unseen
     tokens (count 0) rank after all seen ones, smaller ids first - which is how speculators
     fills a map larger than the number of distinct tokens."""
     counts = np.asarray(counts, dtype=np.int64)
     if not 1 <= k <= counts.shape[0]:
-        raise ValueError(f"draft vocab size {k} must be in [1, target vocab size "
-                         f"{counts.shape[0]}]")
+        raise ValueError(
+            f"draft vocab size {k} must be in [1, target vocab size {counts.shape[0]}]"
+        )
     order = np.argsort(-counts, kind="stable")  # stable: equal counts keep ascending ids
     return np.sort(order[:k])
 
 
-def build_vocab_mappings(counts: np.ndarray, draft_vocab_size: int
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def build_vocab_mappings(
+    counts: np.ndarray, draft_vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(d2t int64 [K], t2d bool [V])`` as speculators builds them from these counts."""
     selected = top_k_ids(counts, draft_vocab_size)
     d2t = selected - np.arange(draft_vocab_size, dtype=np.int64)
@@ -334,8 +350,9 @@ def coverage_curve(counts: np.ndarray) -> np.ndarray:
     return np.cumsum(np.sort(counts)[::-1]) / total
 
 
-def choose_k(counts: np.ndarray, draft_vocab_size: int | str, target_coverage: float
-             ) -> tuple[int, str, int]:
+def choose_k(
+    counts: np.ndarray, draft_vocab_size: int | str, target_coverage: float
+) -> tuple[int, str, int]:
     """``(K, "fixed"|"auto", smallest K reaching target_coverage)``.
 
     ``auto``: that smallest K rounded up to a multiple of AUTO_K_MULTIPLE, capped at V.
@@ -349,8 +366,9 @@ def choose_k(counts: np.ndarray, draft_vocab_size: int | str, target_coverage: f
         return min(k, vocab_size), "auto", k_needed
     k = int(draft_vocab_size)
     if not 1 <= k <= vocab_size:
-        raise ValueError(f"vocab.draft_vocab_size {k} must be in [1, target vocab size "
-                         f"{vocab_size}] (or 'auto')")
+        raise ValueError(
+            f"vocab.draft_vocab_size {k} must be in [1, target vocab size {vocab_size}] (or 'auto')"
+        )
     return k, "fixed", k_needed
 
 
@@ -360,8 +378,14 @@ def _save_npy(path: str | os.PathLike, arr: np.ndarray) -> None:
             np.save(fh, arr)
 
 
-def plot_coverage(curve: np.ndarray, k: int, how: str, target_coverage: float,
-                  out: str | os.PathLike, title_note: str = "") -> None:
+def plot_coverage(
+    curve: np.ndarray,
+    k: int,
+    how: str,
+    target_coverage: float,
+    out: str | os.PathLike,
+    title_note: str = "",
+) -> None:
     """Cumulative coverage against K (log x), K marked and its coverage written beside it."""
     from matplotlib.figure import Figure
 
@@ -374,40 +398,66 @@ def plot_coverage(curve: np.ndarray, k: int, how: str, target_coverage: float,
     ax.set_xlim(1, vocab_size)
     ax.set_ylim(0, 102)
     ax.axvline(k, color="tab:red", ls="--", lw=1.5, label=f"draft vocab K = {k:,} ({how})")
-    ax.axhline(100 * target_coverage, color="gray", ls=":", lw=1.2,
-               label=f"target coverage {100 * target_coverage:.1f} %")
+    ax.axhline(
+        100 * target_coverage,
+        color="gray",
+        ls=":",
+        lw=1.2,
+        label=f"target coverage {100 * target_coverage:.1f} %",
+    )
     cov = float(curve[k - 1])
     ax.plot([k], [100 * cov], "o", color="tab:red")
     # The curve rises and bends down: below right of the point is free, unless at the edge.
     left = np.log(k) > 0.8 * np.log(vocab_size)
-    ax.annotate(f"K = {k:,}\n{100 * cov:.2f} % covered", xy=(k, 100 * cov),
-                xytext=(-12 if left else 12, -14), textcoords="offset points",
-                ha="right" if left else "left", va="top",
-                fontsize=11, color="tab:red",
-                bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red", "alpha": 0.9})
-    ax.set_xlabel(f"draft vocabulary size K (most frequent tokens first; target vocab "
-                  f"{vocab_size:,})", fontsize=11)
+    ax.annotate(
+        f"K = {k:,}\n{100 * cov:.2f} % covered",
+        xy=(k, 100 * cov),
+        xytext=(-12 if left else 12, -14),
+        textcoords="offset points",
+        ha="right" if left else "left",
+        va="top",
+        fontsize=11,
+        color="tab:red",
+        bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red", "alpha": 0.9},
+    )
+    ax.set_xlabel(
+        f"draft vocabulary size K (most frequent tokens first; target vocab {vocab_size:,})",
+        fontsize=11,
+    )
     ax.set_ylabel("trained tokens covered (%)", fontsize=11)
-    ax.set_title("Draft vocabulary coverage of the trained (completion) tokens"
-                 + (f"\n{title_note}" if title_note else ""), fontsize=12)
+    ax.set_title(
+        "Draft vocabulary coverage of the trained (completion) tokens"
+        + (f"\n{title_note}" if title_note else ""),
+        fontsize=12,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize=10)
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
 
 
-def build(records_path: str | os.PathLike, target_json: str | os.PathLike,
-          d2t_out: str | os.PathLike, t2d_out: str | os.PathLike, freq_out: str | os.PathLike,
-          coverage_out: str | os.PathLike, plot_out: str | os.PathLike,
-          draft_vocab_size: int | str, target_coverage: float, seq_length: int,
-          method: str = "auto") -> dict[str, Any]:
+def build(
+    records_path: str | os.PathLike,
+    target_json: str | os.PathLike,
+    d2t_out: str | os.PathLike,
+    t2d_out: str | os.PathLike,
+    freq_out: str | os.PathLike,
+    coverage_out: str | os.PathLike,
+    plot_out: str | os.PathLike,
+    draft_vocab_size: int | str,
+    target_coverage: float,
+    seq_length: int,
+    method: str = "auto",
+) -> dict[str, Any]:
     """The stage: count, choose K, write the map, the counts, coverage.json and the plot."""
     vocab_size = int(read_json(target_json)["architecture"]["vocab_size"])
     records_path = Path(records_path)
-    progress = Progress(records_path.stat().st_size, "vocab: counting tokens", unit="bytes",
-                        every_s=30, logger=log)
-    counts, count_stats = count_tokens(records_path, vocab_size, seq_length, method=method,
-                                       progress=progress)
+    progress = Progress(
+        records_path.stat().st_size, "vocab: counting tokens", unit="bytes", every_s=30, logger=log
+    )
+    counts, count_stats = count_tokens(
+        records_path, vocab_size, seq_length, method=method, progress=progress
+    )
     if count_stats["tokens_counted"] == 0:
         raise ValueError(f"no trainable tokens in {records_path}: {count_stats}")
     k, how, k_needed = choose_k(counts, draft_vocab_size, target_coverage)
@@ -427,17 +477,33 @@ def build(records_path: str | os.PathLike, target_json: str | os.PathLike,
         "seq_length": seq_length,
         "counting": count_stats,
         "provenance": provenance(
-            {"draft_vocab_size": draft_vocab_size, "target_coverage": target_coverage,
-             "seq_length": seq_length},
-            {"records": records_path, "target": target_json}),
+            {
+                "draft_vocab_size": draft_vocab_size,
+                "target_coverage": target_coverage,
+                "seq_length": seq_length,
+            },
+            {"records": records_path, "target": target_json},
+        ),
     }
-    log.info("vocab: K=%d (%s), coverage %.4f of %d tokens (%d distinct)", k, how,
-             coverage["coverage"], coverage["tokens_counted"], coverage["distinct_tokens"])
+    log.info(
+        "vocab: K=%d (%s), coverage %.4f of %d tokens (%d distinct)",
+        k,
+        how,
+        coverage["coverage"],
+        coverage["tokens_counted"],
+        coverage["distinct_tokens"],
+    )
     _save_npy(d2t_out, d2t)
     _save_npy(t2d_out, t2d)
     _save_npy(freq_out, counts)
-    plot_coverage(curve, k, how, target_coverage, plot_out,
-                  title_note=f"{coverage['tokens_counted']:,} tokens, "
-                             f"{coverage['distinct_tokens']:,} distinct")
+    plot_coverage(
+        curve,
+        k,
+        how,
+        target_coverage,
+        plot_out,
+        title_note=f"{coverage['tokens_counted']:,} tokens, "
+        f"{coverage['distinct_tokens']:,} distinct",
+    )
     write_json(coverage_out, coverage)
     return coverage
