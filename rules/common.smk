@@ -1,4 +1,4 @@
-# Shared helpers: config validation, paths, GPU counts, code inputs.
+# Shared helpers: config validation, paths, GPU counts, what makes a stage stale.
 import os
 import sys
 import tempfile
@@ -6,9 +6,9 @@ from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 
-# Planning and every job import the library from this checkout's src/: the files that
-# code_of() declares as inputs are then exactly the files the jobs run (an installed copy of
-# the package, e.g. an editable install of another checkout, would silently win otherwise).
+# Planning and every job import the library from this checkout's src/: the code that code()
+# hashes is then exactly the code the jobs run (an installed copy of the package, e.g. an
+# editable install of another checkout, would silently win otherwise).
 # Jobs inherit PYTHONPATH; under --sdm conda Snakemake strips it unless
 # --conda-not-block-search-path-envvars is given (the profiles set it).
 SRC = str(Path(workflow.basedir) / "src")
@@ -40,7 +40,8 @@ if os.getenv("SLURM_JOB_ID"):
     )
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.workflow import module_closure
+from eagle3_pipeline.target import defining_files
+from eagle3_pipeline.workflow import code_hash
 
 try:
     cfglib.validate(config)
@@ -68,9 +69,29 @@ def bench_of(rule_name):
     return f"{RUN}/benchmarks/{rule_name}.tsv"
 
 
-def code_of(script):
-    """The library modules a workflow script imports: an edit to one re-runs the stage."""
-    return list(module_closure(Path(workflow.basedir) / script))
+def code(script):
+    """Param: hash of the code that decides what a stage computes (its script and logic
+    modules, without comments and docstrings): a real edit re-runs the stage."""
+    return code_hash(Path(workflow.basedir) / script)
+
+
+def result(rule_name, **kw):
+    """Param: the config keys that change this rule's output (config.RESULT_KEYS). Other keys
+    reach the job through snakemake.config and re-run nothing."""
+    return cfglib.result_config(config, rule_name, **kw)
+
+
+def target_files():
+    """A local target's small files that define it (config, tokenizer, chat template)."""
+    return defining_files(config["target"])
+
+
+def train_prompt_files():
+    return cfglib.prompt_files(config["prompts"]["train"])
+
+
+def bench_prompt_files(wildcards):
+    return cfglib.prompt_files([cfglib.bench_set_spec(config, wildcards.name)])
 
 
 def gpus(stage):
@@ -81,8 +102,9 @@ def extract_parts():
     return list(range(config["extract"]["jobs"]))
 
 
-def bench_names():
-    return cfglib.bench_names(config)
+def bench_sets():
+    """The benchmark prompt sets the bench stage measures."""
+    return config["bench"]["prompt_sets"]
 
 
 def final_targets():

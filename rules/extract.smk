@@ -7,8 +7,6 @@ rule extract:
     input:
         target=out("target/target.json"),
         dataset=out("prepare/dataset"),
-        prepare_stats=out("prepare/stats.json"),
-        code=code_of("workflow_scripts/extract.py"),
     output:
         part=out("hidden_states/parts/part_{part}.json"),
     log:
@@ -21,11 +19,8 @@ rule extract:
         gpus=gpus("extract"),
         gpu=gpus("extract"),  # same count, under the name the slurm plugin turns into --gpus
     params:
-        extract=config["extract"],
-        vllm=config["vllm"],
-        jobs=config["extract"]["jobs"],
-        synth_temperature=config["synth"]["temperature"],
-        gpus=gpus("extract"),
+        config=result("extract"),
+        code=code("workflow_scripts/extract.py"),
         # hidden_states/ (shards live beside the manifests), derived from the output path
         root=lambda wildcards, output: str(Path(output.part).parent.parent),
     script:
@@ -36,7 +31,6 @@ rule extract_gather:
     """Merge the part manifests into the manifest training reads."""
     input:
         parts=expand(out("hidden_states/parts/part_{part}.json"), part=extract_parts()),
-        code=code_of("workflow_scripts/extract_gather.py"),
     output:
         manifest=out("hidden_states/manifest.json"),
     log:
@@ -46,6 +40,6 @@ rule extract_gather:
     conda:
         "../envs/train.yaml"
     params:
-        extract=config["extract"],
+        code=code("workflow_scripts/extract_gather.py"),
     script:
         "../workflow_scripts/extract_gather.py"

@@ -2,7 +2,6 @@ rule prepare:
     """Training rows {input_ids, loss_mask, seq_len} in the Arrow format speculators reads."""
     input:
         records=out("synth/synth.jsonl.zst"),
-        code=code_of("workflow_scripts/prepare.py"),
     output:
         dataset=directory(out("prepare/dataset")),
         stats=out("prepare/stats.json"),
@@ -13,7 +12,7 @@ rule prepare:
     conda:
         "../envs/train.yaml"
     params:
-        prepare=config["prepare"],
-        seed=config["prompts"]["seed"],
+        config=result("prepare"),
+        code=code("workflow_scripts/prepare.py"),
     script:
         "../workflow_scripts/prepare.py"

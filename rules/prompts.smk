@@ -1,18 +1,39 @@
-rule prompts:
-    """Training prompt pool and benchmark prompt sets, normalized to one schema."""
+rule prompts_train:
+    """The training prompt pool, normalized to one schema."""
     input:
-        code=code_of("workflow_scripts/prompts.py"),
+        # the user's prompt files: editing one re-runs this job and what depends on it
+        files=train_prompt_files(),
     output:
         train=out("prompts/train.jsonl.zst"),
-        bench=expand(out("prompts/bench_{name}.jsonl"), name=bench_names()),
-        stats=out("prompts/stats.json"),
+        stats=out("prompts/train.stats.json"),
     log:
-        log_of("prompts"),
+        log_of("prompts_train"),
     benchmark:
-        bench_of("prompts")
+        bench_of("prompts_train")
     conda:
         "../envs/train.yaml"
     params:
-        prompts=config["prompts"],
+        config=result("prompts_train"),
+        code=code("workflow_scripts/prompts.py"),
+    script:
+        "../workflow_scripts/prompts.py"
+
+
+rule prompts_bench:
+    """One benchmark prompt set (a job per set: adding one touches no other)."""
+    input:
+        files=bench_prompt_files,
+    output:
+        prompts=out("prompts/bench_{name}.jsonl"),
+        stats=out("prompts/bench_{name}.stats.json"),
+    log:
+        log_of("prompts_bench_{name}"),
+    benchmark:
+        bench_of("prompts_bench_{name}")
+    conda:
+        "../envs/train.yaml"
+    params:
+        config=lambda wildcards: result("prompts_bench", bench_set=wildcards.name),
+        code=code("workflow_scripts/prompts.py"),
     script:
         "../workflow_scripts/prompts.py"

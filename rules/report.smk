@@ -2,7 +2,8 @@ rule report:
     """One HTML/Markdown report of the whole run: every stage's figures, plots and provenance."""
     input:
         target=out("target/target.json"),
-        prompts=out("prompts/stats.json"),
+        prompts=out("prompts/train.stats.json"),
+        bench_prompts=expand(out("prompts/bench_{name}.stats.json"), name=bench_sets()),
         synth=out("synth/stats.json"),
         prepare=out("prepare/stats.json"),
         vocab=out("vocab/coverage.json"),
@@ -11,7 +12,6 @@ rule report:
         train=out("drafter/metrics.json"),
         train_plot=out("drafter/loss.png"),
         bench=out("bench/metrics.json"),
-        code=code_of("workflow_scripts/report.py"),
     output:
         html=report(out("report/report.html"), category="Report", caption="../report/report.rst"),
         markdown=out("report/report.md"),
@@ -28,7 +28,7 @@ rule report:
     conda:
         "../envs/train.yaml"
     params:
-        bench=config["bench"],
-        run=config["run"],
+        config=result("report"),
+        code=code("workflow_scripts/report.py"),
     script:
         "../workflow_scripts/report.py"

@@ -3,7 +3,6 @@ rule synth:
     input:
         target=out("target/target.json"),
         prompts=out("prompts/train.jsonl.zst"),
-        code=code_of("workflow_scripts/synth.py"),
     output:
         records=out("synth/synth.jsonl.zst"),
         stats=out("synth/stats.json"),
@@ -17,9 +16,8 @@ rule synth:
         gpus=gpus("synth"),
         gpu=gpus("synth"),  # same count, under the name the slurm plugin turns into --gpus
     params:
-        synth=config["synth"],
-        vllm=config["vllm"],
-        gpus=gpus("synth"),
+        config=result("synth"),
+        code=code("workflow_scripts/synth.py"),
         work_dir=out("synth/.partial"),
     script:
         "../workflow_scripts/synth.py"

@@ -1,7 +1,8 @@
 rule target:
     """Materialize the target model as an HF directory and record its architecture."""
     input:
-        code=code_of("workflow_scripts/target.py"),
+        # a local target's config, tokenizer and chat template: an edit re-runs the chain
+        defining=target_files(),
     output:
         info=out("target/target.json"),
     log:
@@ -11,6 +12,7 @@ rule target:
     conda:
         "../envs/train.yaml"
     params:
-        target=config["target"],
+        config=result("target"),
+        code=code("workflow_scripts/target.py"),
     script:
         "../workflow_scripts/target.py"

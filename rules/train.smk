@@ -6,7 +6,6 @@ rule train:
         manifest=out("hidden_states/manifest.json"),
         d2t=out("vocab/d2t.npy"),
         t2d=out("vocab/t2d.npy"),
-        code=code_of("workflow_scripts/train.py"),
     output:
         config=out("drafter/config.json"),
         weights=out("drafter/model.safetensors"),
@@ -25,8 +24,8 @@ rule train:
         gpus=gpus("train"),
         gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
     params:
-        train=config["train"],
-        gpus=gpus("train"),
+        config=result("train"),
+        code=code("workflow_scripts/train.py"),
         work_dir=out("train_work"),
     script:
         "../workflow_scripts/train.py"

@@ -3,7 +3,6 @@ rule vocab:
     input:
         records=out("synth/synth.jsonl.zst"),
         target=out("target/target.json"),
-        code=code_of("workflow_scripts/vocab.py"),
     output:
         d2t=out("vocab/d2t.npy"),
         t2d=out("vocab/t2d.npy"),
@@ -17,7 +16,7 @@ rule vocab:
     conda:
         "../envs/train.yaml"
     params:
-        vocab=config["vocab"],
-        seq_length=config["prepare"]["seq_length"],
+        config=result("vocab"),
+        code=code("workflow_scripts/vocab.py"),
     script:
         "../workflow_scripts/vocab.py"

@@ -22,7 +22,8 @@ if not Path(SNAKEMAKE).exists():  # an interpreter outside a venv: take the one 
 
 STAGES = (
     "target",
-    "prompts",
+    "prompts_train",
+    "prompts_bench",
     "synth",
     "prepare",
     "vocab",
@@ -35,7 +36,8 @@ STAGES = (
 # Which stages consume each stage's outputs (from rules/*.smk), for "what reruns downstream".
 CONSUMERS = {
     "target": {"synth", "vocab", "extract", "train", "bench", "report"},
-    "prompts": {"synth", "bench"},
+    "prompts_train": {"synth", "report"},
+    "prompts_bench": {"bench", "report"},
     "synth": {"prepare", "vocab", "report"},
     "prepare": {"extract", "train", "report"},
     "vocab": {"train", "report"},

@@ -127,7 +127,6 @@ def test_untrained_drafter_is_announced_loudly(tmp_path):
                 "prompts": {},
                 "prepare": {},
             },
-            cfg,
         ),
         {},
     )

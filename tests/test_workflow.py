@@ -8,6 +8,7 @@ test by test.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -43,7 +44,8 @@ def default_plan(tmp_path_factory):
 
 
 def test_default_config_plans_every_stage_once(default_plan):
-    assert by_rule(default_plan) == {s: 1 for s in (*STAGES, "all")}
+    # one prompts_bench job per benchmark set (the default has two)
+    assert by_rule(default_plan) == {s: 1 for s in (*STAGES, "all")} | {"prompts_bench": 2}
     for job in default_plan:
         if job.rule != "all":
             assert job.reason.startswith("Missing output files"), (job.rule, job.reason)
@@ -79,7 +81,8 @@ def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
     gpus = {j.rule: j.gpus for j in jobs}
     assert gpus == {
         "target": 0,
-        "prompts": 0,
+        "prompts_train": 0,
+        "prompts_bench": 0,
         "synth": 8,
         "prepare": 0,
         "vocab": 0,
@@ -162,11 +165,20 @@ def test_kimi_profile_plans_whole_chain_with_one_tp8_extraction(tmp_path, fake_m
         f"target={{path: {fake_model_dir}}}",
         workdir=tmp_path,
     )
-    assert by_rule(jobs) == {s: 1 for s in (*STAGES, "all")}
+    assert by_rule(jobs) == {s: 1 for s in (*STAGES, "all")} | {"prompts_bench": 2}
     gpus = {j.rule: j.gpus for j in jobs}
     assert gpus["extract"] == gpus["synth"] == gpus["bench"] == gpus["train"] == 8
     assert all(
-        gpus[s] == 0 for s in ("target", "prompts", "prepare", "vocab", "extract_gather", "report")
+        gpus[s] == 0
+        for s in (
+            "target",
+            "prompts_train",
+            "prompts_bench",
+            "prepare",
+            "vocab",
+            "extract_gather",
+            "report",
+        )
     )
     assert all("results/kimi-k2.5/" in j.fields.get("output", "results/kimi-k2.5/") for j in jobs)
 
@@ -250,7 +262,7 @@ def test_slurm_profile_asks_gpus_per_rule(tmp_path, fake_model_dir):
             else:
                 assert "--gpus" not in cmd and "--cpus-per-task=" in cmd, cmd
     assert " -t 2880 " in sbatch["synth"][0]  # runtime "48h" from set-resources
-    assert " -t 30 " in sbatch["prompts"][0]
+    assert " -t 30 " in sbatch["prompts_train"][0]
 
 
 def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
@@ -260,21 +272,17 @@ def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
 
 
 # ---- reruns after a completed run ------------------------------------------------------------
-# A real run takes ~20 minutes. Instead every output is created empty and `--touch --forceall`
+# A real run takes ~15 minutes. Instead every output is created empty and `--touch --forceall`
 # runs every job through Snakemake's touch executor, which records the same metadata a real
-# job records (params, code, input checksums): `snakemake -n` afterwards says "Nothing to be
-# done", so the rerun triggers below are evaluated against real metadata. What this does not
-# prove: that the stage code itself reruns correctly (the end-to-end tests do that).
+# job records (params, input checksums): `snakemake -n` afterwards says "Nothing to be done",
+# so the rerun triggers below are evaluated against real metadata. What this does not prove:
+# that the stage code itself reruns cheaply (tests/test_rerun_matrix.py does that on a real
+# CI-sized run).
 
 
 @pytest.fixture(scope="module")
 def done_copy(tmp_path_factory) -> Path:
     repo = copy_repo(tmp_path_factory.mktemp("repo"))
-    lib = repo / "src" / "eagle3_pipeline"
-    for stage in STAGES:  # stage modules another branch has not delivered yet
-        mod = lib / f"{stage}.py"
-        if stage != "extract_gather" and not mod.exists():
-            mod.write_text(f'"""Placeholder for eagle3_pipeline.{stage} (test copy)."""\n')
     jobs = plan(repo=repo)
     outputs = [o for j in jobs for o in j.fields.get("output", "").split(", ") if o]
     directories = {"prepare/dataset", "report/plots"}  # the directory() outputs in rules/
@@ -316,33 +324,102 @@ def test_same_params_given_on_the_command_line_do_not_rerun(done_copy):
     assert "Nothing to be done" in out, out
 
 
-def edited(path: Path):
-    """Context manager: append a comment to `path`, restore content and mtime afterwards."""
-    import contextlib
+# A changed value for every operational key (config.OPERATIONAL_KEYS): none may re-run a job.
+# A new operational key needs a value here (test_every_operational_key_is_tried says so).
+OPERATIONAL_CHANGES = {
+    "vllm": {
+        "startup_timeout_s": 1234,
+        "shutdown_grace_s": 5,
+        "cpu_kvcache_gib": 3,
+        "extra_args": ["--max-num-seqs", "16"],
+        "env": {"VLLM_LOGGING_LEVEL": "DEBUG"},
+    },
+    "prompts": {"max_bad_fraction": 0.3},
+    "synth": {
+        "endpoint": "http://127.0.0.1:9/v1",
+        "api_key_env": "MY_KEY",
+        "model_name": "served-name",
+        "concurrency": 3,
+        "request_timeout_s": 42,
+        "retries": 7,
+        "server_args": ["--max-num-batched-tokens", "4096"],
+        "max_failed_fraction": 0.2,
+        "max_template_mismatch_fraction": 0.1,
+    },
+    "extract": {
+        "concurrency": 3,
+        "request_timeout_s": 42,
+        "retries": 7,
+        "min_next_token_agreement": 0.95,
+        "agreement_positions_per_sample": 16,
+        "verify_device": "cpu",
+        "reference_forward": "never",
+        "reference_rows": 5,
+        "max_reference_rel_error": 0.1,
+        "disk_margin": 2.0,
+        "server_args": ["--max-num-seqs", "4"],
+    },
+    "train": {"num_workers": 3, "log_freq": 5},
+    "bench": {"request_timeout_s": 42, "server_args": ["--max-num-seqs", "8"]},
+}
 
-    @contextlib.contextmanager
-    def cm():
-        text, st = path.read_text(), path.stat()
-        path.write_text(text + "\n# edited by a test\n")
-        try:
-            yield
-        finally:
-            path.write_text(text)
-            os.utime(path, (st.st_atime, st.st_mtime))
 
-    return cm()
+def _flat(section_values: dict) -> set[str]:
+    return {f"{s}.{k}" for s, values in section_values.items() for k in values}
 
 
-def code_inputs(repo: Path) -> dict[str, list[str]]:
-    """Per stage, the library files its rule declares as code inputs (module_closure)."""
+def test_every_operational_key_is_tried():
+    from eagle3_pipeline.config import OPERATIONAL_KEYS
+
+    # results_dir is in every output path: another value is another run, not a re-run.
+    assert _flat(OPERATIONAL_CHANGES) == set(OPERATIONAL_KEYS) - {"results_dir"}
+
+
+def test_operational_keys_rerun_nothing(done_copy, tmp_path):
+    # All at once (a re-run is planned for a key alone exactly if it is planned among others:
+    # each key reaches the params of the rules that list it, or of none).
+    import yaml
+
+    changed = tmp_path / "operational.yaml"
+    changed.write_text(yaml.safe_dump(OPERATIONAL_CHANGES))
+    out = snakemake("-n", "--configfile", DEFAULT_CONFIG, str(changed), repo=done_copy).output
+    assert "Nothing to be done" in out, out
+
+
+def test_every_config_key_is_classified():
+    """Every schema key changes some rule's output (config.RESULT_KEYS) or none
+    (config.OPERATIONAL_KEYS), never both: a new key must be classified deliberately."""
+    from eagle3_pipeline.config import OPERATIONAL_KEYS, RESULT_KEYS, load_schema
+
+    schema = load_schema()
+    keys = set()
+    for name, sub in schema["properties"].items():
+        if sub.get("type") == "object" and "properties" in sub:
+            keys |= {f"{name}.{k}" for k in sub["properties"]}
+        else:
+            keys.add(name)
+    result = {k for ks in RESULT_KEYS.values() for k in ks}
+    assert not result & set(OPERATIONAL_KEYS)
+    assert result | set(OPERATIONAL_KEYS) == keys
+
+
+def test_every_library_module_is_classified():
+    """Logic or infrastructure (workflow.MODULE_ROLES): a new module is classified on purpose."""
+    from eagle3_pipeline.workflow import MODULE_ROLES, library_modules
+
+    assert set(library_modules()) == set(MODULE_ROLES)
+
+
+def code_closures(repo: Path) -> dict[str, list[str]]:
+    """Per workflow script, the library modules it imports, transitively (module_closure)."""
     prog = (
         "import json, sys; from pathlib import Path; "
         "from eagle3_pipeline.workflow import module_closure; "
-        "print(json.dumps({s: [Path(m).name for m in module_closure(Path(sys.argv[1]) / "
-        "'workflow_scripts' / (s + '.py'))] for s in sys.argv[2:]}))"
+        "print(json.dumps({p.stem: list(module_closure(p)) for p in "
+        "sorted((Path(sys.argv[1]) / 'workflow_scripts').glob('*.py'))}))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", prog, str(repo), *STAGES],
+        [sys.executable, "-c", prog, str(repo)],
         env=env_for(repo / "src"),
         capture_output=True,
         text=True,
@@ -351,23 +428,105 @@ def code_inputs(repo: Path) -> dict[str, list[str]]:
     return json.loads(out)
 
 
-def test_library_edit_replans_importing_stages_and_downstream(done_copy):
+# The workflow scripts each rule runs (prompts.py serves both prompts rules).
+SCRIPT_OF = {s: "prompts" if s.startswith("prompts") else s for s in STAGES}
+
+
+@contextlib.contextmanager
+def edited(path: Path, edit):
+    """Apply ``edit(text) -> text`` to ``path``; restore content and mtime afterwards."""
+    text, st = path.read_text(), path.stat()
+    path.write_text(edit(text))
+    try:
+        yield
+    finally:
+        path.write_text(text)
+        os.utime(path, (st.st_atime, st.st_mtime))
+
+
+def no_code_change(text: str) -> str:
+    """Every docstring reworded, a comment on every def line, blank lines added: the code
+    itself is the same."""
+    import ast
+
+    lines = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines[node.lineno - 1] += "  # reviewed"
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = node.body[0] if node.body else None
+            if (
+                isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                line = lines[doc.lineno - 1]
+                quote = 3 if line[doc.col_offset :][:3] in ('"""', "'''") else 1
+                col = doc.col_offset + quote
+                lines[doc.lineno - 1] = line[:col] + "Reworded. " + line[col:]
+    return "\n".join(lines) + "\n\n\n# a trailing comment\n"
+
+
+def real_change(text: str) -> str:
+    return text + "\n_EDITED_BY_A_TEST = 1\n"
+
+
+def test_comment_and_docstring_edits_rerun_nothing(done_copy):
+    """A comment, docstring or formatting edit in every library module and every workflow
+    script at once: no code changed, so nothing re-runs."""
+    files = sorted((done_copy / "src" / "eagle3_pipeline").rglob("*.py"))
+    files += sorted((done_copy / "workflow_scripts").glob("*.py"))
+    with contextlib.ExitStack() as stack:
+        for f in files:
+            stack.enter_context(edited(f, no_code_change))
+        out = snakemake("-n", repo=done_copy).output
+    assert "Nothing to be done" in out, out
+
+
+def test_logic_edit_replans_importing_stages_and_downstream(done_copy):
     module = done_copy / "src" / "eagle3_pipeline" / "vocab.py"
-    importers = {s for s, files in code_inputs(done_copy).items() if "vocab.py" in files}
+    closures = code_closures(done_copy)
+    importers = {s for s in STAGES if "vocab" in closures[SCRIPT_OF[s]]}
     assert "vocab" in importers
-    with edited(module):
+    with edited(module, real_change):
         jobs = rerun_plan(done_copy)
     assert set(jobs) == downstream(importers) | {"all"}
     assert {"vocab", "train", "bench", "report", "all"} <= set(jobs)
-    assert not {"target", "prompts", "synth"} & set(jobs)  # upstream stays done
-    assert jobs["vocab"] == f"Updated input files: {module}"
+    assert not {"target", "prompts_train", "synth", "extract"} & set(jobs)  # upstream stays done
+    assert jobs["vocab"].startswith("Params have changed since last execution")
     for rule in set(jobs) - importers - {"all"}:
         assert jobs[rule].startswith("Input files updated by another job"), (rule, jobs[rule])
     assert "Nothing to be done" in snakemake("-n", repo=done_copy).output  # restored
 
 
+def test_infrastructure_edit_reruns_nothing(done_copy):
+    """server.py decides how servers run, not what a stage computes: a real code change in it
+    re-runs nothing (a forced re-run would cost seconds: the stages reuse their work)."""
+    from eagle3_pipeline.workflow import INFRASTRUCTURE, MODULE_ROLES
+
+    assert MODULE_ROLES["server"] == INFRASTRUCTURE
+    with edited(done_copy / "src" / "eagle3_pipeline" / "server.py", real_change):
+        out = snakemake("-n", repo=done_copy).output
+    assert "Nothing to be done" in out, out
+
+
 def test_script_edit_replans_that_stage_and_downstream(done_copy):
-    with edited(done_copy / "workflow_scripts" / "vocab.py"):
+    with edited(done_copy / "workflow_scripts" / "vocab.py", real_change):
         jobs = rerun_plan(done_copy)
     assert set(jobs) == {"vocab", "train", "bench", "report", "all"}
-    assert jobs["vocab"].startswith("Code has changed since last execution")
+    assert jobs["vocab"].startswith("Params have changed since last execution")
+
+
+def test_code_fingerprint_sees_code_only(tmp_path):
+    from eagle3_pipeline.workflow import code_fingerprint
+
+    def fp(name: str, text: str) -> str:
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        return code_fingerprint(path)
+
+    base = fp("a", '"""Doc."""\n\n\ndef f(x):\n    """Add one."""\n    return x + 1\n')
+    assert base == fp("b", '"""Other doc."""\n# note\ndef f( x ):  # why\n    return (x+1)\n')
+    assert base != fp("c", '"""Doc."""\n\n\ndef f(x):\n    """Add one."""\n    return x + 2\n')
+    # a string that is not a docstring is code
+    assert fp("d", "X = 1\n'note'\n") != fp("e", "X = 1\n'other'\n")

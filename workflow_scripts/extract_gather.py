@@ -6,6 +6,6 @@ from eagle3_pipeline.runtime import run_job
 run_job(
     snakemake,
     lambda i, o, p, log: extract.gather(
-        parts=list(i.parts), manifest_out=o.manifest, cfg=p.extract
+        parts=list(i.parts), manifest_out=o.manifest, cfg=snakemake.config["extract"]
     ),
 )

@@ -9,7 +9,7 @@ run_job(
         records_path=i.records,
         dataset_dir=o.dataset,
         stats_out=o.stats,
-        seq_length=p.prepare["seq_length"],
-        seed=p.seed,
+        seq_length=p.config["prepare"]["seq_length"],
+        seed=p.config["prompts"]["seed"],
     ),
 )

@@ -6,11 +6,11 @@ from eagle3_pipeline.runtime import run_job
 run_job(
     snakemake,
     lambda i, o, p, log: report.build(
-        inputs={k: v for k, v in i.items() if k != "code"},
+        inputs={k: v for k, v in i.items() if k != "bench_prompts"},
+        bench_prompt_stats=list(i.bench_prompts),
         html_out=o.html,
         markdown_out=o.markdown,
         plots_dir=o.plots,
-        bench_cfg=p.bench,
-        run_name=p.run,
+        run_name=p.config["run"],
     ),
 )

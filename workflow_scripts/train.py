@@ -1,6 +1,7 @@
 """Rule `train`: EAGLE-3 drafter with speculators (logic: eagle3_pipeline.train)."""
 
 from eagle3_pipeline import train
+from eagle3_pipeline.config import job_section, stage_gpus
 from eagle3_pipeline.runtime import run_job
 
 run_job(
@@ -14,9 +15,9 @@ run_job(
         drafter_dir=o.config.rsplit("/", 1)[0],
         metrics_out=o.metrics,
         plot_out=o.plot,
-        cfg=p.train,
+        cfg=job_section(snakemake.config, p.config, "train"),
         work_dir=p.work_dir,
         log_path=log,
     ),
-    gpus_needed=snakemake.params.gpus,
+    gpus_needed=stage_gpus(snakemake.config, "train"),
 )

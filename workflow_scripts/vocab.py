@@ -13,8 +13,8 @@ run_job(
         freq_out=o.freq,
         coverage_out=o.coverage,
         plot_out=o.plot,
-        draft_vocab_size=p.vocab["draft_vocab_size"],
-        target_coverage=p.vocab["target_coverage"],
-        seq_length=p.seq_length,
+        draft_vocab_size=p.config["vocab"]["draft_vocab_size"],
+        target_coverage=p.config["vocab"]["target_coverage"],
+        seq_length=p.config["prepare"]["seq_length"],
     ),
 )

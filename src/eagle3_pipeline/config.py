@@ -340,5 +340,165 @@ def stage_gpus(cfg: dict, stage: str) -> int:
     return 0
 
 
-def bench_names(cfg: dict) -> list[str]:
-    return [source_name(src) for src in cfg["prompts"]["bench"]]
+# ---- what makes a stage stale -----------------------------------------------------------------
+
+# Config keys whose value changes a rule's output, per rule. A rule's params carry exactly these
+# (:func:`result_config`), so a change of one re-runs that rule and everything downstream of it.
+# A prompts_bench job gets only its own set's entry of prompts.bench.
+RESULT_KEYS: dict[str, tuple[str, ...]] = {
+    "target": (
+        "target.source",
+        "target.path",
+        "target.revision",
+        "target.dtype",
+        "target.trust_remote_code",
+    ),
+    "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train"),
+    "prompts_bench": ("prompts.seed", "prompts.max_chars", "prompts.bench"),
+    "synth": (
+        "synth.max_tokens",
+        "synth.temperature",
+        "synth.top_p",
+        "synth.seed",
+        "synth.reasoning_parser",
+        "synth.chat_template_kwargs",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.max_model_len",
+    ),
+    "prepare": ("prepare.seq_length", "prompts.seed"),
+    "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage", "prepare.seq_length"),
+    "extract": (
+        "extract.layer_ids",
+        "extract.storage",
+        "extract.samples_per_shard",
+        "extract.jobs",
+        "vllm.device",
+        "vllm.dtype",
+    ),
+    "extract_gather": (),
+    "train": tuple(
+        f"train.{k}"
+        for k in (
+            "gpus",
+            "fsdp",
+            "epochs",
+            "lr",
+            "optimizer",
+            "scheduler",
+            "warmup_ratio",
+            "ttt_steps",
+            "num_layers",
+            "total_seq_len",
+            "attn_impl",
+            "sliding_window",
+            "norm_before_fc",
+            "norm_output",
+            "val_fraction",
+            "hidden_states_dtype",
+            "loss_implementation",
+            "seed",
+            "extra_args",
+        )
+    ),
+    "bench": (
+        "bench.prompt_sets",
+        "bench.num_speculative_tokens",
+        "bench.temperatures",
+        "bench.concurrency",
+        "bench.max_tokens",
+        "bench.min_acceptance_length",
+        "bench.min_measured_to_predicted",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.tensor_parallel_size",
+        "vllm.enforce_eager",
+        "vllm.max_model_len",
+    ),
+    "report": ("run",),
+}
+
+# Keys that change no rule's output: they decide how a stage runs, not what it produces -
+# where and how fast (concurrency, timeouts, retries, memory, server arguments and environment,
+# data loader workers, logging) and the acceptance checks that fail a job (a stricter threshold
+# applies from the next run that computes). Jobs read them from the config, so changing one
+# re-runs nothing. A key that changes one rule's output is operational for the other rules
+# (vllm.tensor_parallel_size sets the speed bench measures, and only how synth runs).
+# `results_dir` is part of every output path: another value is another run, not a re-run.
+OPERATIONAL_KEYS: tuple[str, ...] = (
+    "results_dir",
+    "vllm.startup_timeout_s",
+    "vllm.shutdown_grace_s",
+    "vllm.cpu_kvcache_gib",
+    "vllm.extra_args",
+    "vllm.env",
+    "prompts.max_bad_fraction",
+    "synth.endpoint",
+    "synth.api_key_env",
+    "synth.model_name",
+    "synth.concurrency",
+    "synth.request_timeout_s",
+    "synth.retries",
+    "synth.server_args",
+    "synth.max_failed_fraction",
+    "synth.max_template_mismatch_fraction",
+    "extract.concurrency",
+    "extract.request_timeout_s",
+    "extract.retries",
+    "extract.min_next_token_agreement",
+    "extract.agreement_positions_per_sample",
+    "extract.verify_device",
+    "extract.reference_forward",
+    "extract.reference_rows",
+    "extract.max_reference_rel_error",
+    "extract.disk_margin",
+    "extract.server_args",
+    "train.num_workers",
+    "train.log_freq",
+    "bench.request_timeout_s",
+    "bench.server_args",
+)
+
+
+def _lookup(cfg: dict, key: str) -> Any:
+    value = cfg
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def result_config(cfg: dict, rule: str, bench_set: str | None = None) -> dict:
+    """The result-determining part of the config for ``rule``, as nested sections
+    (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
+    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``."""
+    out: dict = {}
+    for key in sorted(RESULT_KEYS[rule]):
+        *sections, name = key.split(".")
+        node = out
+        for s in sections:
+            node = node.setdefault(s, {})
+        if key == "prompts.bench":
+            node[name] = [copy.deepcopy(bench_set_spec(cfg, bench_set))]
+        else:
+            node[name] = copy.deepcopy(_lookup(cfg, key))
+    return out
+
+
+def job_section(snakemake_config: dict, params_config: dict, section: str) -> dict:
+    """A config section as a job passes it to the library: the config's section with the
+    rule's result-determining values (its params, which Snakemake tracks) laid over it.
+    Every other key of the section is operational for this rule."""
+    return {**snakemake_config[section], **params_config.get(section, {})}
+
+
+def bench_set_spec(cfg: dict, name: str) -> dict:
+    """The `prompts.bench` entry that defines benchmark set ``name``."""
+    for spec in cfg["prompts"]["bench"]:
+        if source_name(spec) == name:
+            return spec
+    raise KeyError(f"benchmark prompt set {name!r} is not defined in prompts.bench")
+
+
+def prompt_files(specs: list[dict]) -> list[str]:
+    """The user files that prompt sources read (declared as rule inputs)."""
+    return [spec["path"] for spec in specs if spec["source"] == "file"]

@@ -643,55 +643,46 @@ def _collect_split(specs: list[dict], split: str, params: dict) -> tuple[dict, d
     return rows_by_name, stats
 
 
-def build(
-    params: dict, train_out: str | Path, bench_outs: dict[str, str | Path], stats_out: str | Path
+def _write_split(
+    split: str, params: dict, rows_by_name: dict, stats: dict, out: str | Path, stats_out, t0
 ) -> dict:
-    """Write the training pool, one file per benchmark set and the stats; return the stats.
-
-    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing
-    keys). ``bench_outs`` maps each benchmark set name to its output path and must name
-    exactly the sets of ``params["bench"]``.
-    """
-    params = {**DEFAULTS, "bench": [], **params}
-    t0 = time.monotonic()
-    train_rows, train_stats = _collect_split(params["train"], "train", params)
-    bench_rows, bench_stats = _collect_split(params["bench"], "bench", params)
-    if set(bench_rows) != set(bench_outs):
-        raise ValueError(
-            f"benchmark outputs {sorted(bench_outs)} do not match the sets of "
-            f"`prompts.bench` {sorted(bench_rows)}"
-        )
-    pool = [row for rows in train_rows.values() for row in rows]
-    if not pool:
-        raise ValueError("no training prompts: every `prompts.train` source gave 0 rows")
-    for rows in (pool, *bench_rows.values()):
-        ids = [r["id"] for r in rows]
-        if len(set(ids)) != len(ids):
-            raise ValueError("prompt ids are not unique")  # guarded above; never expected
-        for r in rows:
-            validate_row(r)
-    outputs = {
-        "train": {"path": str(train_out), "rows": write_jsonl_zst(train_out, pool)},
-        "bench": {},
-    }
-    for name, rows in bench_rows.items():
-        outputs["bench"][name] = {
-            "path": str(bench_outs[name]),
-            "rows": write_jsonl(bench_outs[name], rows),
-        }
-    stats = {
-        "train": train_stats,
-        "bench": bench_stats,
-        "totals": {"train": _totals(train_stats), "bench": _totals(bench_stats)},
-        "outputs": outputs,
+    """Write one output file (the training pool or one benchmark set) and its stats."""
+    rows = [row for part in rows_by_name.values() for row in part]
+    if not rows:
+        raise ValueError(f"no {split} prompts: every `prompts.{split}` source gave 0 rows")
+    ids = [r["id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids are not unique")  # guarded above; never expected
+    for r in rows:
+        validate_row(r)
+    written = write_jsonl(out, rows)
+    result = {
+        split: stats,
+        "totals": _totals(stats),
+        "output": {"path": str(out), "rows": written},
         "seconds": round(time.monotonic() - t0, 3),
         "provenance": provenance(params),
     }
-    write_json(stats_out, stats)
-    log.info(
-        "prompts: %d training prompts, benchmark sets %s (%.1fs)",
-        len(pool),
-        {k: v["rows"] for k, v in outputs["bench"].items()},
-        stats["seconds"],
-    )
-    return stats
+    write_json(stats_out, result)
+    log.info("prompts: %d %s prompts in %s (%.1fs)", written, split, out, result["seconds"])
+    return result
+
+
+def build_train(params: dict, train_out: str | Path, stats_out: str | Path) -> dict:
+    """Write the training pool of every ``prompts.train`` source and its stats; return them.
+
+    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing keys).
+    """
+    params = {**DEFAULTS, **params}
+    t0 = time.monotonic()
+    rows, stats = _collect_split(params["train"], "train", params)
+    return _write_split("train", params, rows, stats, train_out, stats_out, t0)
+
+
+def build_bench(params: dict, spec: dict, out: str | Path, stats_out: str | Path) -> dict:
+    """Write one benchmark prompt set, defined by ``spec`` (an entry of ``prompts.bench``),
+    and its stats; return the stats. ``params`` gives seed, max_chars and max_bad_fraction."""
+    params = {**DEFAULTS, **params, "bench": [spec]}
+    t0 = time.monotonic()
+    rows, stats = _collect_split([spec], "bench", params)
+    return _write_split("bench", params, rows, stats, out, stats_out, t0)

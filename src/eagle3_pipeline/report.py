@@ -124,7 +124,7 @@ def plot_bench(bench: dict, plots_dir: Path) -> dict[str, Path]:
 # ---- content ----------------------------------------------------------------------------------
 
 
-def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
+def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
     """Report content as (title, blocks); a block is ("p", text), ("table", header, rows),
     ("img", key) or ("banner", ok, text)."""
     bench, synth, manifest = d["bench"], d["synth"], d["manifest"]
@@ -471,9 +471,20 @@ def render_markdown(
 
 
 def build(
-    inputs: dict[str, str], html_out, markdown_out, plots_dir, bench_cfg: dict, run_name: str
+    inputs: dict[str, str],
+    html_out,
+    markdown_out,
+    plots_dir,
+    run_name: str,
+    bench_prompt_stats: list[str] = (),
 ) -> None:
+    """``inputs`` names each stage's JSON output (and the plots); ``bench_prompt_stats`` are
+    the stats files of the benchmark prompt sets, merged into the prompts section."""
     data = {name: read_json(path) for name, path in inputs.items() if str(path).endswith(".json")}
+    if "prompts" in data:
+        data["prompts"]["bench"] = {
+            name: st for path in bench_prompt_stats for name, st in read_json(path)["bench"].items()
+        }
     for name in ("bench", "synth", "manifest", "train", "vocab", "prompts", "prepare", "target"):
         data.setdefault(name, {})
     plots_dir = Path(plots_dir)
@@ -481,7 +492,7 @@ def build(
     images["vocab"] = Path(inputs["vocab_plot"]) if "vocab_plot" in inputs else None
     images["train"] = Path(inputs["train_plot"]) if "train_plot" in inputs else None
     title = f"EAGLE-3 drafter report: run {run_name}"
-    content = sections(data, bench_cfg)
+    content = sections(data)
     with atomic_path(html_out) as tmp:
         tmp.write_text(render_html(title, content, images))
     with atomic_path(markdown_out) as tmp:

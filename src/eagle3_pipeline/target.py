@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .fileio import atomic_path, sha256_file, write_json
+from .fileio import atomic_path, sha256_file, stable_hash, write_json
 from .provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,54 @@ PACKAGED = {
     "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     "name": "SmolLM2-135M-Instruct",
 }
+
+# Files of a model directory that decide what the model computes, besides its weights: the
+# target rule declares a local target's files as inputs (an edit re-runs it) and hashes them
+# into the target's identity.
+DEFINING_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "model.safetensors.index.json",
+)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def defining_files(params: dict) -> list[str]:
+    """The DEFINING_FILES of a local target that exist (for the target rule's inputs)."""
+    if params["source"] != "local" or not params.get("path"):
+        return []
+    d = Path(params["path"]).expanduser()
+    return [str(d / name) for name in DEFINING_FILES if (d / name).is_file()]
+
+
+def identity(params: dict, model_dir: Path) -> str:
+    """A hash of what the target is, from stable content only (never its path, so a moved
+    results directory or model copy keeps every stage's finished work). The packaged model is
+    small and materialized here: every file's sha256. Any other model: the defining files'
+    sha256 and the weight files' names and sizes (hashing hundreds of GB of weights is not
+    affordable; a model with other weights belongs in another directory)."""
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file())
+    if params["source"] == "packaged":
+        return stable_hash({str(p.relative_to(model_dir)): sha256_file(p) for p in files})
+    return stable_hash(
+        {
+            "files": {
+                str(p.relative_to(model_dir)): sha256_file(p)
+                for p in files
+                if str(p.relative_to(model_dir)) in DEFINING_FILES
+            },
+            "weights": {
+                str(p.relative_to(model_dir)): p.stat().st_size
+                for p in files
+                if p.suffix in WEIGHT_SUFFIXES
+            },
+        }
+    )
 
 
 def packaged_gguf_path() -> Path:
@@ -140,6 +188,7 @@ def materialize(params: dict, out_json: Path) -> dict[str, Any]:
     tok_cfg = model_dir / "tokenizer_config.json"
     info = {
         "model_path": str(model_dir),
+        "identity": identity(params, model_dir),
         "source": params["source"],
         "trust_remote_code": params.get("trust_remote_code", False),
         "architecture": arch,

@@ -1,56 +1,203 @@
-"""Helpers the Snakefile uses at parse time (kept free of heavy imports: planning stays fast)."""
+"""Helpers the Snakefile uses at parse time (kept free of heavy imports: planning stays fast).
+
+A stage's code is tracked by a *param*, :func:`code_hash`: a hash of the syntax tree of its
+workflow script and of the library modules that decide what it computes. Comments,
+docstrings and formatting are not in that tree, so editing them re-runs nothing; a real edit
+changes the param and Snakemake re-runs the stage (reason "Params have changed").
+"""
 
 from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 from pathlib import Path
 
 PACKAGE = "eagle3_pipeline"
 PACKAGE_DIR = Path(__file__).resolve().parent
 
+LOGIC = "logic"
+INFRASTRUCTURE = "infrastructure"
+
+# Every module of the library, by what an edit to it means for the stages that import it.
+# - logic: it decides what a stage computes; an edit re-runs the importing stages.
+# - infrastructure: it decides *how* a stage runs (server lifecycle, GPU locks, progress, file
+#   helpers, provenance records, config validation, these planning helpers); an edit re-runs
+#   nothing. A needed re-run after such an edit is forced with `-R <rule>`, and costs seconds
+#   where nothing is left to compute: every expensive stage reuses its finished work by content.
+# A new module must be added here (tests/test_workflow.py fails until it is).
+MODULE_ROLES = {
+    "__init__": INFRASTRUCTURE,
+    "bench": LOGIC,
+    "config": INFRASTRUCTURE,
+    "extract": LOGIC,
+    "fileio": INFRASTRUCTURE,
+    "gpus": INFRASTRUCTURE,
+    "hs_backend": LOGIC,
+    "prepare": LOGIC,
+    "prompts": LOGIC,
+    "provenance": INFRASTRUCTURE,
+    "report": LOGIC,
+    "runtime": INFRASTRUCTURE,
+    "server": INFRASTRUCTURE,
+    "server_guard": INFRASTRUCTURE,
+    "shards": LOGIC,
+    "synth": LOGIC,
+    "target": LOGIC,
+    "train": LOGIC,
+    "train_entry": LOGIC,
+    "verify": LOGIC,
+    "vllm_connector": LOGIC,
+    "vocab": LOGIC,
+    "workflow": INFRASTRUCTURE,
+}
+
+
+def library_modules() -> list[str]:
+    """Dotted names (relative to the package) of every module file of the library."""
+    names = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of library module ``name`` (a module or a package), or None."""
+    base = PACKAGE_DIR.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str | None:
+    """Dotted name of a library file, None for a file outside the library (a script)."""
+    path = path.resolve()
+    if PACKAGE_DIR not in path.parents:
+        return None
+    parts = list(path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _with_parents(name: str) -> set[str]:
+    """A module and the packages above it (importing a.b runs a/__init__.py first)."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def _resolve(base: str, names: list[str]) -> set[str]:
+    """Modules named by ``from <base> import names``: submodules where they exist, else base."""
+    found = set()
+    for n in names:
+        sub = f"{base}.{n}" if base else n
+        if module_file(sub):
+            found.add(sub)
+        elif base:
+            found.add(base)
+    return found
+
 
 @functools.cache  # each module is parsed once per plan, however many rules import it
 def _imported_modules(path: Path) -> frozenset[str]:
-    """Names of ``eagle3_pipeline`` modules that ``path`` imports (relative or absolute)."""
+    """Library modules that the file ``path`` imports (absolute or relative imports)."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    me = _module_name(path)
+    if me is None:
+        package = None  # a workflow script: only absolute imports reach the library
+    elif me == "__init__":
+        package = ""
+    else:
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
-    in_package = path.resolve().parent == PACKAGE_DIR
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == PACKAGE and len(parts) > 1:
-                    found.add(parts[1])
+                first, _, rest = alias.name.partition(".")
+                if first == PACKAGE and rest:
+                    found.add(rest)
         elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
             if node.level == 0 and node.module and node.module.split(".")[0] == PACKAGE:
-                parts = node.module.split(".")
-                if len(parts) > 1:
-                    found.add(parts[1])
-                else:  # from eagle3_pipeline import x, y
-                    found.update(a.name for a in node.names)
-            elif node.level == 1 and in_package:
-                if node.module:
-                    found.add(node.module.split(".")[0])
-                else:  # from . import x
-                    found.update(a.name for a in node.names)
-    return frozenset(m for m in found if (PACKAGE_DIR / f"{m}.py").is_file())
+                base = node.module.partition(".")[2]
+                found |= _resolve(base, names)
+            elif node.level and package is not None:
+                parts = package.split(".") if package else []
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join(parts + ([node.module] if node.module else []))
+                found |= _resolve(base, names)
+    return frozenset(m for name in found for m in _with_parents(name) if module_file(m))
 
 
 @functools.cache
 def module_closure(script: str | Path) -> tuple[str, ...]:
-    """Library source files a workflow script depends on, transitively, as sorted paths.
-
-    Declared as rule inputs, they make an edit to a library module re-run exactly the stages
-    that import it (Snakemake itself only tracks the ``script:`` file).
-    """
+    """Library modules a workflow script depends on, transitively, as sorted dotted names."""
     todo = list(_imported_modules(Path(script)))
-    seen: set[str] = set()
+    seen: set[str] = {"__init__"}
     while todo:
         mod = todo.pop()
         if mod in seen:
             continue
         seen.add(mod)
-        todo.extend(_imported_modules(PACKAGE_DIR / f"{mod}.py") - seen)
-    seen.add("__init__")
-    return tuple(sorted(str(PACKAGE_DIR / f"{m}.py") for m in seen))
+        todo.extend(_imported_modules(module_file(mod)) - seen)
+    return tuple(sorted(seen))
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.cache
+def code_fingerprint(path: Path) -> str:
+    """Hash of a Python file's syntax tree without docstrings: comments, docstrings and
+    formatting do not change it (``ast.dump`` leaves out line and column numbers)."""
+    tree = _strip_docstrings(ast.parse(path.read_text(), filename=str(path)))
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def logic_modules(script: str | Path) -> list[str]:
+    """The logic modules (``MODULE_ROLES``) in a script's import closure."""
+    closure = module_closure(Path(script))
+    unknown = [m for m in closure if m not in MODULE_ROLES]
+    if unknown:
+        raise KeyError(
+            f"library modules {unknown} are not classified in eagle3_pipeline.workflow."
+            "MODULE_ROLES (logic or infrastructure)"
+        )
+    return [m for m in closure if MODULE_ROLES[m] == LOGIC]
+
+
+@functools.cache
+def code_hash(script: str | Path) -> str:
+    """What a stage's result depends on in code: its script and its logic modules.
+
+    Given to the rule as a param, so a change of either re-runs the stage (and what depends
+    on it), while an edit to an infrastructure module or to comments re-runs nothing.
+    """
+    script = Path(script)
+    parts = {script.name: code_fingerprint(script.resolve())}
+    for mod in logic_modules(script):
+        parts[mod] = code_fingerprint(module_file(mod))
+    blob = "\n".join(f"{k} {v}" for k, v in sorted(parts.items()))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def modules_hash(modules: list[str]) -> str:
+    """:func:`code_hash` of a list of library modules (a stage's own reuse fingerprints)."""
+    blob = "\n".join(f"{m} {code_fingerprint(module_file(m))}" for m in sorted(modules))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
