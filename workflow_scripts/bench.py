@@ -1,6 +1,7 @@
 """Rule `bench`: acceptance and speed under vLLM speculative decoding (eagle3_pipeline.bench)."""
 
 from eagle3_pipeline import bench
+from eagle3_pipeline.config import job_section, stage_gpus
 from eagle3_pipeline.runtime import run_job
 
 run_job(
@@ -10,11 +11,12 @@ run_job(
         drafter_dir=i.drafter.rsplit("/", 1)[0],
         manifest_path=i.manifest,
         train_metrics=i.train_metrics,
-        prompt_files=dict(zip(p.prompt_sets, i.prompts)),
+        prompt_files=dict(zip(p.config["bench"]["prompt_sets"], i.prompts)),
         metrics_out=o.metrics,
-        cfg=p.bench,
-        vllm_cfg=p.vllm,
+        cfg=job_section(snakemake.config, p.config, "bench"),
+        vllm_cfg=job_section(snakemake.config, p.config, "vllm"),
+        cache_dir=p.cache_dir,
         log_path=log,
     ),
-    gpus_needed=snakemake.params.gpus,
+    gpus_needed=stage_gpus(snakemake.config, "bench"),
 )

@@ -22,7 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .fileio import iter_jsonl, read_json, write_json
+from .config import RESULT_KEYS
+from .fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
 from .provenance import provenance
 from .server import ServerError, VllmServer, spec_from_config
 from .target import load_info
@@ -268,29 +269,67 @@ def measure(
 
 # ---- the stage -----------------------------------------------------------------------------------
 
+# Result-determining keys (config.RESULT_KEYS) that do not change a measurement: the sets to
+# report and the verdict's thresholds. A change re-runs the job, which re-judges cached results.
+NOT_MEASURED = (
+    "bench.prompt_sets",
+    "bench.min_acceptance_length",
+    "bench.min_measured_to_predicted",
+)
 
-def run(
-    target_json,
-    drafter_dir,
-    manifest_path,
-    train_metrics,
-    prompt_files: dict[str, str],
-    metrics_out,
+
+def measurement_settings(cfg: dict, vllm_cfg: dict) -> dict[str, Any]:
+    """The result-determining settings of a measurement (bench and vllm keys)."""
+    sections = {"bench": cfg, "vllm": vllm_cfg}
+    out = {}
+    for key in RESULT_KEYS["bench"]:
+        if key not in NOT_MEASURED:
+            section, name = key.split(".")
+            out[key] = sections[section][name]
+    return out
+
+
+def drafter_identity(drafter_dir: str | Path) -> str:
+    """The drafter's content: weights and config, without the verifier's path (a moved run
+    keeps its cached results)."""
+    drafter_dir = Path(drafter_dir)
+    cfg = read_json(drafter_dir / "config.json")
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    verifier.pop("name_or_path", None)
+    return stable_hash({"config": cfg, "weights": sha256_file(drafter_dir / "model.safetensors")})
+
+
+def set_fingerprint(drafter: str, target: dict, prompts_path, settings: dict) -> str:
+    """What one prompt set's measurement depends on: drafter, target, prompts, settings."""
+    return stable_hash(
+        {
+            "drafter": drafter,
+            "target": target["identity"],
+            "prompts": sha256_file(prompts_path),
+            "settings": settings,
+        }
+    )
+
+
+def load_cached(cache_dir: Path, fp: str) -> list[dict] | None:
+    path = cache_dir / f"{fp}.json"
+    try:
+        entry = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return entry["runs"] if entry.get("fingerprint") == fp else None
+
+
+def measure_sets(
+    sets: dict[str, list[dict]],
     cfg: dict,
     vllm_cfg: dict,
-    log_path=None,
-) -> dict:
-    target = load_info(target_json)
-    manifest = read_json(manifest_path)
-    drafter_dir = str(Path(drafter_dir).resolve())
-    check = consistency(drafter_dir, manifest, target)
-    if not check["ok"]:
-        raise BenchError(
-            "the drafter does not match this run's extraction/target:\n  - "
-            + "\n  - ".join(check["problems"])
-        )
-    sets = {name: list(iter_jsonl(path)) for name, path in prompt_files.items()}
-    cond_acc = _val_cond_acc(read_json(train_metrics))
+    target: dict,
+    drafter_dir: str,
+    log_path,
+) -> tuple[dict[str, list[dict]], int]:
+    """Baseline and drafter runs of ``sets``, side by side: per set, its result rows (without
+    the prediction). Returns the rows and the number of servers started."""
 
     def start(spec_cfg: dict | None, what: str) -> VllmServer:
         spec = spec_from_config(
@@ -309,13 +348,12 @@ def run(
                 f"vLLM.\n{e}"
             ) from e
 
-    t0 = time.monotonic()
     server = start(None, "the baseline server (no drafter)")
     try:
         baseline = measure(server, sets, cfg, spec_decode=False)
     finally:
         server.stop()
-    runs = []
+    rows: dict[str, list[dict]] = {name: [] for name in sets}
     for k in cfg["num_speculative_tokens"]:
         spec_cfg = {"model": drafter_dir, "method": "eagle3", "num_speculative_tokens": k}
         server = start(spec_cfg, f"the server with the drafter (k={k})")
@@ -333,7 +371,6 @@ def run(
                 "concurrency": conc,
                 "requests": res["requests"],
                 **res["acceptance"],
-                "predicted_acceptance_length": predicted_acceptance_length(cond_acc, k),
                 "tokens_per_s": res["tokens_per_s"],
                 "baseline_tokens_per_s": base["tokens_per_s"],
                 "speedup": res["tokens_per_s"] / base["tokens_per_s"],
@@ -344,7 +381,75 @@ def run(
             }
             if temperature == 0:
                 row["outputs_vs_baseline"] = compare_outputs(base["outputs"], res["outputs"])
-            runs.append(row)
+            rows[name].append(row)
+    return rows, 1 + len(cfg["num_speculative_tokens"])
+
+
+def run(
+    target_json,
+    drafter_dir,
+    manifest_path,
+    train_metrics,
+    prompt_files: dict[str, str],
+    metrics_out,
+    cfg: dict,
+    vllm_cfg: dict,
+    cache_dir,
+    log_path=None,
+) -> dict:
+    """Measure (or take from ``cache_dir``) every prompt set, judge, write the metrics."""
+    target = load_info(target_json)
+    manifest = read_json(manifest_path)
+    drafter_dir = str(Path(drafter_dir).resolve())
+    check = consistency(drafter_dir, manifest, target)
+    if not check["ok"]:
+        raise BenchError(
+            "the drafter does not match this run's extraction/target:\n  - "
+            + "\n  - ".join(check["problems"])
+        )
+    cond_acc = _val_cond_acc(read_json(train_metrics))
+    t0 = time.monotonic()
+    cache_dir = Path(cache_dir)
+    drafter = drafter_identity(drafter_dir)
+    settings = measurement_settings(cfg, vllm_cfg)
+    fps = {
+        name: set_fingerprint(drafter, target, path, settings)
+        for name, path in prompt_files.items()
+    }
+    by_set = {name: load_cached(cache_dir, fp) for name, fp in fps.items()}
+    todo = {
+        name: list(iter_jsonl(prompt_files[name])) for name, rows in by_set.items() if rows is None
+    }
+    log.info(
+        "bench: %d prompt set(s) cached (%s), %d to measure (%s)",
+        len(by_set) - len(todo),
+        ", ".join(n for n in by_set if n not in todo) or "none",
+        len(todo),
+        ", ".join(todo) or "none",
+    )
+    servers = 0
+    if todo:
+        measured, servers = measure_sets(todo, cfg, vllm_cfg, target, drafter_dir, log_path)
+        for name, rows in measured.items():
+            write_json(
+                cache_dir / f"{fps[name]}.json",
+                {"fingerprint": fps[name], "prompt_set": name, "settings": settings, "runs": rows},
+            )
+            by_set[name] = rows
+    order = {
+        "k": cfg["num_speculative_tokens"],
+        "temperature": cfg["temperatures"],
+        "concurrency": cfg["concurrency"],
+        "prompt_set": list(prompt_files),
+    }
+    runs = sorted(
+        (
+            {**row, "predicted_acceptance_length": predicted_acceptance_length(cond_acc, row["k"])}
+            for rows in by_set.values()
+            for row in rows
+        ),
+        key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
+    )
     verdict = judge(runs, cfg)
     metrics = {
         "runs": runs,
@@ -352,6 +457,11 @@ def run(
         "verdict": verdict,
         "consistency": check,
         "train_val_cond_acc": cond_acc,
+        "this_run": {
+            "servers_started": servers,
+            "measured_sets": list(todo),
+            "cached_sets": [n for n in by_set if n not in todo],
+        },
         "elapsed_s": round(time.monotonic() - t0, 1),
         "provenance": provenance(
             cfg, inputs={"drafter": Path(drafter_dir) / "model.safetensors", **prompt_files}

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import shards
 from .fileio import AppendLog, read_json, stable_hash, write_json
 from .provenance import provenance
@@ -85,35 +87,45 @@ def check_disk(root: Path, needed: int, margin: float) -> dict[str, Any]:
     return info
 
 
-def dataset_fingerprint(dataset_dir: Path) -> str:
-    """Content hash of a saved HF dataset (its Arrow files and state)."""
-    h = hashlib.sha256()
-    for f in sorted(dataset_dir.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(dataset_dir).as_posix().encode())
-            with open(f, "rb") as fh:
-                while block := fh.read(1 << 22):
-                    h.update(block)
-    return h.hexdigest()[:16]
-
-
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def row_key(input_ids) -> str:
+    """A row's key for reuse: its token ids (what the target is asked to prefill)."""
+    return sha256_bytes(np.asarray(input_ids, dtype=np.int64).tobytes())
+
+
 # ---- shard bookkeeping ------------------------------------------------------------------------
+
+# Finished samples whose key no row of this part has any more wait here for a row that has it
+# (after an edit of the prompts, prepare's shuffle puts unchanged rows at other indices):
+#   <root>/reuse/<capture fingerprint>/<row key>.safetensors  (+ .json: its journal entry)
+REUSE = "reuse"
 
 
 class ShardBook:
     """Which samples of a part are done: sealed shards (shard.json) and journals of open ones.
 
-    A sample counts as done only if its file exists with the recorded size and sha256.
+    A sample counts as done only if its file is intact (its recorded size and modification
+    time, or else its recorded sha256) and holds the row now at its index (its recorded key,
+    when ``keys`` are given). An intact file of another row moves to the reuse pool, from
+    which :meth:`adopt` takes it for the row that has its key.
     """
 
-    def __init__(self, root: Path, samples_per_shard: int, rows: range):
+    def __init__(
+        self,
+        root: Path,
+        samples_per_shard: int,
+        rows: range,
+        keys: dict[int, str] | None = None,
+        pool: Path | None = None,
+    ):
         self.root, self.S, self.rows = root, samples_per_shard, rows
+        self.keys, self.pool = keys, pool
         self.done: dict[int, dict] = {}
         self.corrupt: list[int] = []
+        self.pooled = 0
         self._journals: dict[int, AppendLog] = {}
 
     def shards(self) -> list[int]:
@@ -133,35 +145,26 @@ class ShardBook:
     def scan(self, workers: int = 8) -> None:
         entries: dict[int, dict] = {}
         for s in self.shards():
-            d = shards.shard_dir(self.root, s)
-            seal = d / "shard.json"
-            if seal.exists():
-                for e in read_json(seal)["samples"]:
-                    entries[e["index"]] = e
-            else:
-                for e in AppendLog(d / "journal.jsonl").read():
-                    entries[e["index"]] = e
+            entries.update((e["index"], e) for e in shard_entries(self.root, s))
         with ThreadPoolExecutor(workers) as pool:
-            ok = list(pool.map(self._intact, entries.values()))
+            ok = list(pool.map(lambda e: intact(self.root, e, self.S), entries.values()))
+        moved = set()
         for e, good in zip(entries.values(), ok):
-            if good:
-                self.done[e["index"]] = e
-            else:
-                self.corrupt.append(e["index"])
-        for s in self.shards():  # a shard with a corrupt file is reopened
+            i = e["index"]
+            if not good:
+                self.corrupt.append(i)
+            elif self.keys is None or e.get("key") == self.keys.get(i):
+                self.done[i] = e
+            elif self.pool is not None and i in self.keys and e.get("key"):
+                to_pool(shards.sample_path(self.root, i, self.S), e, self.pool)
+                moved.add(i)
+        self.pooled = len(moved)
+        lost = set(self.corrupt) | moved
+        for s in self.shards():  # a shard that lost samples is reopened
             seal = shards.shard_dir(self.root, s) / "shard.json"
-            if seal.exists() and any(i in self.corrupt for i in self.shard_samples(s)):
+            if seal.exists() and any(i in lost for i in self.shard_samples(s)):
                 self._reopen(s, seal)
         self._drop_strays()
-
-    def _intact(self, e: dict) -> bool:
-        path = shards.sample_path(self.root, e["index"], self.S)
-        try:
-            if path.stat().st_size != e["bytes"]:
-                return False
-            return sha256_bytes(path.read_bytes()) == e["sha256"]
-        except OSError:
-            return False
 
     def _reopen(self, s: int, seal: Path) -> None:
         journal = AppendLog(seal.parent / "journal.jsonl")
@@ -182,6 +185,30 @@ class ShardBook:
                 idx = int(f.name.split("_")[1].split(".")[0])
                 if idx not in self.done:
                     f.unlink()
+
+    def adopt(self, index: int) -> bool:
+        """Take row ``index``'s sample from the reuse pool (by its key); True if it was there."""
+        if self.pool is None or self.keys is None:
+            return False
+        key = self.keys[index]
+        src, side = self.pool / f"{key}.safetensors", self.pool / f"{key}.json"
+        try:
+            entry = read_json(side)
+        except (OSError, ValueError):
+            return False
+        entry = {**entry, "index": index}
+        dest = shards.sample_path(self.root, index, self.S)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(src, dest)  # atomic: of two parts wanting it, one gets it
+        except FileNotFoundError:
+            return False
+        side.unlink(missing_ok=True)
+        if not intact(self.root, entry, self.S):
+            dest.unlink(missing_ok=True)
+            return False
+        self.record(entry)
+        return True
 
     def record(self, entry: dict) -> None:
         i = entry["index"]
@@ -220,6 +247,70 @@ class ShardBook:
             "bytes": sum(e["bytes"] for e in samples),
             "sha256": h,
         }
+
+
+def shard_entries(root: Path, s: int) -> list[dict]:
+    """The recorded samples of shard ``s``: its seal, or the journal of an open shard."""
+    d = shards.shard_dir(root, s)
+    if (d / "shard.json").exists():
+        return read_json(d / "shard.json")["samples"]
+    return AppendLog(d / "journal.jsonl").read()
+
+
+def intact(root: Path, entry: dict, samples_per_shard: int) -> bool:
+    """The sample file of ``entry`` is as recorded: its size, and its modification time or,
+    where that differs (a copy, a rewrite), its sha256. Hashing every file of a large
+    extraction takes many minutes, so an untouched file is trusted by its metadata."""
+    path = shards.sample_path(root, entry["index"], samples_per_shard)
+    try:
+        st = path.stat()
+        if st.st_size != entry["bytes"]:
+            return False
+        if entry.get("mtime_ns") == st.st_mtime_ns:
+            return True
+        return sha256_bytes(path.read_bytes()) == entry["sha256"]
+    except OSError:
+        return False
+
+
+def to_pool(path: Path, entry: dict, pool: Path) -> None:
+    """Move a finished sample into the reuse pool under its key (entry first, then file)."""
+    pool.mkdir(parents=True, exist_ok=True)
+    write_json(pool / f"{entry['key']}.json", {k: v for k, v in entry.items() if k != "index"})
+    os.replace(path, pool / f"{entry['key']}.safetensors")
+
+
+def reset_layout(root: Path, capture: str, samples_per_shard: int, num_samples: int) -> Path:
+    """Make the stored samples under ``root`` fit this run; return its reuse pool.
+
+    Runs in every part under one lock. Samples of another capture (target, layers, storage,
+    server numerics) are deleted. Samples stored under another ``samples_per_shard``, or in
+    shards past the end of the rows (fewer rows than before), move to the reuse pool.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".layout.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        layout_file = root / "layout.json"
+        old = read_json(layout_file) if layout_file.exists() else {}
+        pool = root / REUSE / capture
+        if old.get("capture") != capture:
+            if (root / "shards").exists() or (root / REUSE).exists():
+                log.info("target, layers or storage changed: removing the stored hidden states")
+            shutil.rmtree(root / "shards", ignore_errors=True)
+            shutil.rmtree(root / REUSE, ignore_errors=True)
+            old = {}
+        old_S = old.get("samples_per_shard", samples_per_shard)
+        last_shard = -(-num_samples // samples_per_shard) - 1 if old_S == samples_per_shard else -1
+        for d in sorted((root / "shards").glob("shard_*")) if (root / "shards").exists() else []:
+            s = int(d.name.split("_")[1])
+            if s <= last_shard:
+                continue
+            for e in shard_entries(root, s):
+                if e.get("key") and intact(root, e, old_S):
+                    to_pool(shards.sample_path(root, e["index"], old_S), e, pool)
+            shutil.rmtree(d)
+        write_json(layout_file, {"capture": capture, "samples_per_shard": samples_per_shard})
+    return pool
 
 
 # ---- the client ------------------------------------------------------------------------------
@@ -281,6 +372,7 @@ class Extractor:
         dest = shards.sample_path(self.book.root, index, self.book.S)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, dest)
+        mtime_ns = dest.stat().st_mtime_ns
         t.append(clock())
         for phase, a, b in zip(
             ("wait_write", "read", "parse", "checks", "probe", "hash_move"), t, t[1:]
@@ -288,9 +380,11 @@ class Extractor:
             self.timings[phase] = self.timings.get(phase, 0.0) + (b - a)
         return {
             "index": index,
+            "key": row_key(row["input_ids"]),
             "tokens": len(row["input_ids"]),
             "bytes": len(data),
             "sha256": digest,
+            "mtime_ns": mtime_ns,
             "agree": [hits, checked],
         }
 
@@ -358,36 +452,30 @@ class Extractor:
 # ---- the stage -------------------------------------------------------------------------------
 
 
-def part_fingerprint(
-    dataset_dir: Path, target: dict, layer_ids: list[int], cfg: dict, jobs: int
-) -> str:
+# Bump when a change alters what a stored sample holds for the same row (the capture, its
+# storage format): every stored sample is then extracted again.
+CAPTURE_FORMAT = 1
+
+
+def capture_fingerprint(target: dict, layer_ids: list[int], cfg: dict, vllm_cfg: dict) -> str:
+    """What a stored sample depends on besides its row's token ids."""
     return stable_hash(
         {
-            "dataset": dataset_fingerprint(dataset_dir),
-            "model": target["model_path"],
+            "format": CAPTURE_FORMAT,
+            "target": target["identity"],
             "layer_ids": layer_ids,
             "storage": cfg["storage"],
-            "samples_per_shard": cfg["samples_per_shard"],
-            "jobs": jobs,
+            "device": vllm_cfg["device"],
+            "dtype": vllm_cfg["dtype"],
         }
     )
 
 
-def invalidate_if_stale(root: Path, book: ShardBook, part: int, fp: str) -> None:
-    fp_file = root / "parts" / f".part_{part}.fingerprint"
-    old = read_json(fp_file).get("fingerprint") if fp_file.exists() else None
-    if old != fp:
-        removed = 0
-        for s in book.shards():
-            d = shards.shard_dir(root, s)
-            if d.exists():
-                shutil.rmtree(d)
-                removed += 1
-        if removed:
-            log.info(
-                "inputs or parameters changed: removed %d stale shard(s) of part %d", removed, part
-            )
-        write_json(fp_file, {"fingerprint": fp})
+def _capture_modules() -> None:
+    """Never called. The server runs the connector that writes the samples (by module path,
+    CONNECTOR_MODULE); importing it here puts it into this stage's code hash
+    (eagle3_pipeline.workflow.code_hash)."""
+    from . import vllm_connector  # noqa: F401
 
 
 def server_spec(vllm_cfg: dict, target: dict, layer_ids: list[int], staging: Path, cfg: dict):
@@ -446,10 +534,10 @@ def run_part(
         cfg["storage"],
     )
 
-    book = ShardBook(root, S, rows)
-    invalidate_if_stale(
-        root, book, part, part_fingerprint(dataset_dir, target, layer_ids, cfg, jobs)
-    )
+    capture = capture_fingerprint(target, layer_ids, cfg, vllm_cfg)
+    pool = reset_layout(root, capture, S, len(ds))
+    keys = {i: row_key(ds[i]["input_ids"]) for i in rows}
+    book = ShardBook(root, S, rows, keys, pool)
     book.scan()
     if book.corrupt:
         log.warning(
@@ -457,7 +545,14 @@ def run_part(
             len(book.corrupt),
             book.corrupt[:10],
         )
+    adopted = [i for i in rows if i not in book.done and book.adopt(i)]
     todo = [i for i in rows if i not in book.done]
+    log.info(
+        "extract: %d samples stored (%d of them moved from other rows), %d to go",
+        len(book.done),
+        len(adopted),
+        len(todo),
+    )
     seq_lens = ds["seq_len"]
     disk = check_disk(
         root,
@@ -467,14 +562,14 @@ def run_part(
         ),
         cfg["disk_margin"],
     )
-    probe = NextTokenProbe(target["model_path"], arch, cfg["verify_device"])
     staging = root / ".staging" / f"part_{part}"
-    staging.mkdir(parents=True, exist_ok=True)
-    ex = Extractor(ds, book, probe, layer_ids, arch["hidden_size"], cfg, staging)
-    log.info("extract: %d samples stored, %d to go", len(book.done), len(todo))
+    ex = None
     t0 = time.monotonic()
     try:
         if todo:
+            staging.mkdir(parents=True, exist_ok=True)
+            probe = NextTokenProbe(target["model_path"], arch, cfg["verify_device"])
+            ex = Extractor(ds, book, probe, layer_ids, arch["hidden_size"], cfg, staging)
             spec = server_spec(vllm_cfg, target, layer_ids, staging, cfg)
             progress = Progress(
                 len(rows), f"extract part {part}", unit="samples", done=len(book.done)
@@ -492,13 +587,13 @@ def run_part(
     if missing:
         raise ExtractError(
             f"{len(missing)} sample(s) of part {part} failed "
-            f"({ex.failures[:3]}); the {len(book.done)} stored ones are kept, "
+            f"({ex.failures[:3] if ex else []}); the {len(book.done)} stored ones are kept, "
             "re-run to retry the rest"
         )
     stored_hits = sum(book.done[i]["agree"][0] for i in rows)
     stored_checked = sum(book.done[i]["agree"][1] for i in rows)
     agreement = stored_hits / stored_checked if stored_checked else None
-    reference = maybe_reference(target, cfg, book, rows, layer_ids, ds)
+    reference = maybe_reference(target, cfg, book, rows, layer_ids, ds, root / "parts", capture)
     verification = {
         "samples_checked": len(rows),
         "next_token_agreement": agreement,
@@ -528,10 +623,13 @@ def run_part(
         "verification": verification,
         "disk": disk,
         "this_run": {
+            "server_started": bool(todo),
             "samples": len(todo),
+            "reused": len(rows) - len(todo),
+            "moved_from_other_rows": len(adopted),
             "tokens": tokens_this_run,
             "elapsed_s": round(elapsed, 2),
-            "validator_s_per_phase": {k: round(v, 2) for k, v in ex.timings.items()},
+            "validator_s_per_phase": {k: round(v, 2) for k, v in ex.timings.items()} if ex else {},
             "tokens_per_s": round(tokens_this_run / elapsed, 1) if todo else None,
         },
         "provenance": provenance(cfg, inputs={"dataset": dataset_dir, "target": target_json}),
@@ -541,24 +639,46 @@ def run_part(
 
 
 def maybe_reference(
-    target: dict, cfg: dict, book: ShardBook, rows: range, layer_ids: list[int], ds
+    target: dict,
+    cfg: dict,
+    book: ShardBook,
+    rows: range,
+    layer_ids: list[int],
+    ds,
+    cache_dir: Path,
+    capture: str,
 ) -> dict | None:
+    """Relative error of the first stored samples against a transformers forward; the result
+    is kept under a key of those samples' content, so unchanged samples are not checked
+    again (the forward loads the whole model)."""
     mode = cfg["reference_forward"]
     if mode == "never" or (mode == "auto" and not model_fits(target["model_path"])):
         return {
             "skipped": f"reference_forward={mode}"
             + ("" if mode == "never" else " and the model does not fit in memory")
         }
+    checked = list(rows)[: cfg["reference_rows"]]
+    key = stable_hash(
+        {
+            "capture": capture,
+            "samples": [[book.done[i].get("key"), book.done[i]["sha256"]] for i in checked],
+        }
+    )
+    cached = cache_dir / f".reference-{key}.json"
+    if cached.exists():
+        return read_json(cached)
     from safetensors.torch import load_file
 
     samples = []
-    for i in list(rows)[: cfg["reference_rows"]]:
+    for i in checked:
         t = load_file(shards.sample_path(book.root, i, book.S))
         samples.append((ds[i]["input_ids"], shards.dequantize(t)))
     log.info("reference forward with transformers on %d row(s)", len(samples))
-    return reference_errors(
+    result = reference_errors(
         target["model_path"], samples, layer_ids, target.get("trust_remote_code", False)
     )
+    write_json(cached, result)
+    return result
 
 
 def enforce(v: dict, cfg: dict) -> None:
@@ -640,4 +760,6 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
         ),
     }
     write_json(manifest_out, manifest)
+    # Samples left in the reuse pool belong to rows no part has any more: free their disk.
+    shutil.rmtree(Path(first["root"]) / REUSE, ignore_errors=True)
     return manifest

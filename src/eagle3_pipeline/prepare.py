@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zstandard
 
-from .fileio import write_json
+from .fileio import sha256_file, stable_hash, write_json
 from .provenance import provenance
 from .runtime import Progress
 
@@ -279,7 +279,15 @@ def build_dataset(
         datasets.disable_progress_bars()  # tqdm bars make unreadable job logs
         try:
             ds = datasets.Dataset.from_file(str(tmp / "rows.arrow"))
-            ds = ds.shuffle(seed=seed, indices_cache_file_name=str(tmp / "shuffle-indices.arrow"))
+            # datasets gives a data set loaded from a file a random fingerprint, which lands in
+            # state.json: a fingerprint of the content keeps the output byte-identical for
+            # identical inputs (a re-run then looks unchanged to everything downstream).
+            content = stable_hash({"rows": sha256_file(tmp / "rows.arrow"), "seed": seed})
+            ds = ds.shuffle(
+                seed=seed,
+                indices_cache_file_name=str(tmp / "shuffle-indices.arrow"),
+                new_fingerprint=content,
+            )
             # speculators' preprocessing saves its data sets in torch format; ArrowDataset relies
             # on it (`self.data[i]["input_ids"]` is compared with torch.equal).
             ds.set_format(type="torch")

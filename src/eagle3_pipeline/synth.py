@@ -5,10 +5,11 @@ Each prompt becomes one chat request with ``return_token_ids``; the record keeps
 what the model saw by construction (thinking wrappers included). A check re-renders every
 conversation with the chat template and reports where text and ids disagree.
 
-Resume: every finished request is appended to a journal (``<work_dir>/journal.jsonl``) as it
-completes. A killed job loses at most its in-flight requests; the next run answers only what is
-missing. The journal is tied to a fingerprint of the prompts and generation parameters and is
-discarded when they change.
+Resume and reuse: every finished request is appended to a journal (``<work_dir>/journal.jsonl``)
+as it completes, under a key of its prompt (id and messages). A run answers only the prompts
+without an answer under their current key: a killed job loses at most its in-flight requests,
+and an edited prompt pool costs only its new or changed prompts. The journal is tied to a
+fingerprint of the target and the generation parameters and is discarded when they change.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from .fileio import (
     atomic_path,
     iter_jsonl,
     read_json,
-    sha256_file,
     stable_hash,
     write_json,
     write_jsonl_zst,
 )
+from .config import RESULT_KEYS
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
@@ -43,14 +44,9 @@ from .target import load_info
 
 log = logging.getLogger(__name__)
 
-GENERATION_KEYS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "reasoning_parser",
-    "chat_template_kwargs",
-)
+# What every answer depends on: the result-determining keys of synth, except max_model_len,
+# which only decides which prompts are rejected (recorded per rejection, see settled()).
+JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth"] if k != "vllm.max_model_len")
 
 
 class SynthError(RuntimeError):
@@ -159,9 +155,15 @@ async def answer(session, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
 
 
 async def generate(
-    endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: AppendLog, progress: Progress
+    endpoint: Endpoint,
+    prompts: list[dict],
+    cfg: dict,
+    journal: AppendLog,
+    progress: Progress,
+    max_model_len: int | None = None,
 ) -> Counter:
-    """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives."""
+    """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives (under
+    the prompt's key; a rejection also records the ``max_model_len`` it happened under)."""
     import aiohttp
 
     outcome: Counter = Counter()
@@ -169,19 +171,28 @@ async def generate(
 
     async def one(session, prompt: dict) -> None:
         nonlocal consecutive_transient
+        key = prompt_key(prompt)
         try:
             rec = await answer(session, endpoint, prompt, cfg)
-            journal.append({"status": "ok", **rec})
+            journal.append({"status": "ok", "key": key, **rec})
             outcome["ok"] += 1
             outcome["completion_tokens"] += len(rec["completion_token_ids"])
             consecutive_transient = 0
             progress.update(1, extra=len(rec["completion_token_ids"]))
         except Rejected as e:
-            journal.append({"status": "rejected", "id": prompt["id"], "error": str(e)})
+            journal.append(
+                {
+                    "status": "rejected",
+                    "id": prompt["id"],
+                    "key": key,
+                    "max_model_len": max_model_len,
+                    "error": str(e),
+                }
+            )
             outcome["rejected"] += 1
             progress.update(1)
         except Transient as e:
-            journal.append({"status": "failed", "id": prompt["id"], "error": str(e)})
+            journal.append({"status": "failed", "id": prompt["id"], "key": key, "error": str(e)})
             outcome["failed"] += 1
             consecutive_transient += 1
             progress.update(1)
@@ -200,24 +211,31 @@ async def generate(
 # ---- the journal and resume -------------------------------------------------------------
 
 
-def fingerprint(prompts_path: str | Path, model_path: str, cfg: dict) -> str:
+def fingerprint(target: dict, cfg: dict, vllm_cfg: dict) -> str:
+    """What every journaled answer depends on (not the prompts: each entry carries its own)."""
+    sections = {"synth": cfg, "vllm": vllm_cfg}
     return stable_hash(
         {
-            "prompts_sha256": sha256_file(prompts_path),
-            "model": model_path,
-            "generation": {k: cfg.get(k) for k in GENERATION_KEYS},
+            "target": target["identity"],
+            "settings": {k: sections[k.split(".")[0]][k.split(".")[1]] for k in JOURNAL_KEYS},
         }
     )
 
 
+def prompt_key(prompt: dict) -> str:
+    """An answer's key: the prompt's id (it seeds sampling) and messages."""
+    return stable_hash({"id": prompt["id"], "messages": prompt["messages"]})
+
+
 def open_journal(work_dir: Path, fp: str) -> tuple[AppendLog, list[dict]]:
-    """The journal of earlier attempts, or a fresh one when prompts or params changed."""
+    """The journal of earlier attempts, or a fresh one when the target or the generation
+    parameters changed."""
     fp_file = work_dir / "fingerprint.json"
     if work_dir.exists():
         old = read_json(fp_file).get("fingerprint") if fp_file.exists() else None
         if old != fp:
             log.info(
-                "prompts or generation parameters changed: discarding partial work in %s", work_dir
+                "target or generation parameters changed: discarding partial work in %s", work_dir
             )
             shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -226,13 +244,26 @@ def open_journal(work_dir: Path, fp: str) -> tuple[AppendLog, list[dict]]:
     return journal, journal.open()
 
 
-def settled(entries: list[dict]) -> dict[str, dict]:
-    """Last journal entry per prompt id that needs no retry (ok or rejected)."""
+def current(entries: list[dict], prompts: list[dict]) -> dict[str, dict]:
+    """Per prompt id, the last journal entry made for the prompt as it is now (an entry for an
+    earlier version of an edited prompt does not count); a later ok replaces a failure."""
+    keys = {p["id"]: prompt_key(p) for p in prompts}
     out: dict[str, dict] = {}
     for e in entries:
-        if e["status"] in ("ok", "rejected"):
+        if e.get("key") is not None and keys.get(e["id"]) == e["key"]:
             out[e["id"]] = e
     return out
+
+
+def settled(entries: list[dict], prompts: list[dict], max_model_len: int) -> dict[str, dict]:
+    """Entries that need no new request: answers, and rejections made under the same
+    ``max_model_len`` (a longer context may accept the prompt)."""
+    return {
+        pid: e
+        for pid, e in current(entries, prompts).items()
+        if e["status"] == "ok"
+        or (e["status"] == "rejected" and e.get("max_model_len") == max_model_len)
+    }
 
 
 # ---- the token-exact check --------------------------------------------------------------
@@ -328,8 +359,9 @@ def run(
     if len(set(ids)) != len(ids):
         raise SynthError(f"{prompts_path} has duplicate prompt ids")
 
-    journal, entries = open_journal(work_dir, fingerprint(prompts_path, target["model_path"], cfg))
-    done = settled(entries)
+    journal, entries = open_journal(work_dir, fingerprint(target, cfg, vllm_cfg))
+    max_model_len = vllm_cfg["max_model_len"]
+    done = settled(entries, prompts, max_model_len)
     todo = [p for p in prompts if p["id"] not in done]
     log.info("synth: %d prompts, %d already answered, %d to go", len(prompts), len(done), len(todo))
     t0 = time.monotonic()
@@ -338,10 +370,13 @@ def run(
         if todo:
             progress = Progress(len(prompts), "synth", unit="samples", done=len(done))
             with open_endpoint(cfg, vllm_cfg, target, log_path) as endpoint:
-                outcome = asyncio.run(generate(endpoint, todo, cfg, journal, progress))
+                outcome = asyncio.run(
+                    generate(endpoint, todo, cfg, journal, progress, max_model_len)
+                )
     except ServerError as e:
+        kept = len(settled(journal.read(), prompts, max_model_len))
         raise SynthError(
-            f"the vLLM server died mid-run; {len(settled(journal.read()))} of "
+            f"the vLLM server died mid-run; {kept} of "
             f"{len(prompts)} answers are kept in {work_dir} and a re-run resumes "
             f"from them.\n{e}"
         ) from e
@@ -371,6 +406,8 @@ def run(
         elapsed,
         outcome,
         history,
+        reused=len(done),
+        server_started=bool(todo) and not cfg["endpoint"],
     )
 
 
@@ -385,15 +422,14 @@ def finalize(
     elapsed: float,
     outcome: Counter,
     history: list[dict],
+    reused: int = 0,
+    server_started: bool = False,
 ) -> dict:
     from transformers import AutoTokenizer
 
-    entries = journal.read()
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
-    last: dict[str, dict] = {}
-    for e in entries:
-        last[e["id"]] = e  # a later ok replaces an earlier failure of the same prompt
+    last = current(journal.read(), prompts)
     n = len(prompts)
     status = Counter(last[p["id"]]["status"] if p["id"] in last else "missing" for p in prompts)
     bad = n - status["ok"]
@@ -419,7 +455,7 @@ def finalize(
             e = last.get(p["id"])
             if not e or e["status"] != "ok":
                 continue
-            rec = {k: v for k, v in e.items() if k != "status"}
+            rec = {k: v for k, v in e.items() if k not in ("status", "key")}
             finish[rec["finish_reason"]] += 1
             prompt_tokens += len(rec["prompt_token_ids"])
             completion_tokens += len(rec["completion_token_ids"])
@@ -460,6 +496,8 @@ def finalize(
                 else None,
             },
             "this_run": {
+                "server_started": server_started,
+                "reused": reused,
                 "answered": outcome["ok"],
                 "rejected": outcome["rejected"],
                 "failed": outcome["failed"],
