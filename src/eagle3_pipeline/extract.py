@@ -148,22 +148,22 @@ class ShardBook:
             entries.update((e["index"], e) for e in shard_entries(self.root, s))
         with ThreadPoolExecutor(workers) as pool:
             ok = list(pool.map(lambda e: intact(self.root, e, self.S), entries.values()))
-        moved = set()
         for e, good in zip(entries.values(), ok):
             i = e["index"]
             if not good:
                 self.corrupt.append(i)
-            elif self.keys is None or e.get("key") == self.keys.get(i):
+            elif i in self.rows and (self.keys is None or e.get("key") == self.keys.get(i)):
                 self.done[i] = e
-            elif self.pool is not None and i in self.keys and e.get("key"):
+            elif self.pool is not None and e.get("key"):
+                # another row's sample (rows moved, or fewer rows): kept for the row that has it
                 to_pool(shards.sample_path(self.root, i, self.S), e, self.pool)
-                moved.add(i)
-        self.pooled = len(moved)
-        lost = set(self.corrupt) | moved
-        for s in self.shards():  # a shard that lost samples is reopened
+                self.pooled += 1
+        for s in self.shards():  # a shard whose seal no longer describes it is reopened
             seal = shards.shard_dir(self.root, s) / "shard.json"
-            if seal.exists() and any(i in lost for i in self.shard_samples(s)):
-                self._reopen(s, seal)
+            if seal.exists():
+                sealed = {e["index"] for e in read_json(seal)["samples"]}
+                if sealed != set(self.shard_samples(s)) or not sealed <= set(self.done):
+                    self._reopen(s, seal)
         self._drop_strays()
 
     def _reopen(self, s: int, seal: Path) -> None:

@@ -1,0 +1,291 @@
+"""Reuse of finished work by content, without a server: which synth answers, extracted samples
+and benchmark results a re-run keeps (the stages' idempotence; tests/test_rerun_matrix.py runs
+it for real on a CI-sized run)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from eagle3_pipeline import bench, extract, shards, synth
+from eagle3_pipeline.fileio import read_json, write_json
+
+from conftest import default_config
+
+# ---- synth: answers keyed by prompt --------------------------------------------------------
+
+
+def prompt(pid: str, text: str) -> dict:
+    return {"id": pid, "source": "t", "messages": [{"role": "user", "content": text}]}
+
+
+def entry(p: dict, status: str = "ok", **kw) -> dict:
+    return {"status": status, "id": p["id"], "key": synth.prompt_key(p), **kw}
+
+
+def test_synth_reuses_answers_of_unchanged_prompts_only():
+    a, b, c = prompt("a", "first"), prompt("b", "second"), prompt("c", "third")
+    journal = [entry(a), entry(b), entry(c, "failed")]
+    edited_b = prompt("b", "second, edited")
+    done = synth.settled(journal, [a, edited_b, c], max_model_len=2048)
+    assert set(done) == {"a"}  # b changed, c failed: both asked again
+    # a later ok replaces an earlier failure of the same prompt
+    assert set(synth.settled([*journal, entry(c)], [a, c], 2048)) == {"a", "c"}
+    # the id is part of the key (it seeds sampling)
+    assert synth.prompt_key(prompt("x", "same")) != synth.prompt_key(prompt("y", "same"))
+
+
+def test_synth_retries_rejections_only_under_another_context_length():
+    p = prompt("long", "x" * 100)
+    journal = [entry(p, "rejected", max_model_len=1024)]
+    assert set(synth.settled(journal, [p], 1024)) == {"long"}
+    assert synth.settled(journal, [p], 4096) == {}
+
+
+def test_synth_journal_fingerprint_ignores_the_prompts_and_operational_keys():
+    cfg = default_config()
+    target = {"identity": "t1", "model_path": "/somewhere"}
+    fp = synth.fingerprint(target, cfg["synth"], cfg["vllm"])
+    busy = default_config(synth={"concurrency": 3, "retries": 9}, vllm={"startup_timeout_s": 5})
+    moved = {"identity": "t1", "model_path": "/elsewhere"}
+    assert synth.fingerprint(moved, busy["synth"], busy["vllm"]) == fp
+    hotter = default_config(synth={"temperature": 0.7})
+    assert synth.fingerprint(target, hotter["synth"], hotter["vllm"]) != fp
+    assert synth.fingerprint({"identity": "t2"}, cfg["synth"], cfg["vllm"]) != fp
+
+
+# ---- extract: samples keyed by their row's token ids ---------------------------------------
+
+
+def sample(root, index: int, S: int, key: str, payload: bytes) -> dict:
+    path = shards.sample_path(root, index, S)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    return {
+        "index": index,
+        "key": key,
+        "tokens": 3,
+        "bytes": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "mtime_ns": path.stat().st_mtime_ns,
+        "agree": [2, 3],
+    }
+
+
+def store(root, S: int, keys: list[str], capture="c1") -> extract.ShardBook:
+    """A finished part over rows 0..len(keys)-1 whose sample i holds b'data-<key>'."""
+    pool = extract.reset_layout(root, capture, S, len(keys))
+    book = extract.ShardBook(root, S, range(len(keys)), dict(enumerate(keys)), pool)
+    for i, k in enumerate(keys):
+        book.record(sample(root, i, S, k, f"data-{k}".encode()))
+    book.close()
+    return book
+
+
+def reopen(root, S: int, keys: list[str], capture="c1") -> tuple[extract.ShardBook, list[int]]:
+    """What run_part does before it extracts: returns the book and the rows left to do."""
+    pool = extract.reset_layout(root, capture, S, len(keys))
+    book = extract.ShardBook(root, S, range(len(keys)), dict(enumerate(keys)), pool)
+    book.scan()
+    adopted = [i for i in range(len(keys)) if i not in book.done and book.adopt(i)]
+    assert all(i in book.done for i in adopted)
+    book.close()
+    return book, [i for i in range(len(keys)) if i not in book.done]
+
+
+def content(root, i: int, S: int) -> bytes:
+    return shards.sample_path(root, i, S).read_bytes()
+
+
+def test_extract_reuses_rows_that_moved_and_redoes_only_new_ones(tmp_path):
+    store(tmp_path, 4, ["a", "b", "c", "d", "e", "f"])
+    # an edited prompt pool: prepare's shuffle moves rows, "c" is gone, "x" is new
+    keys = ["f", "x", "a", "e", "b", "d"]
+    book, todo = reopen(tmp_path, 4, keys)
+    assert todo == [1]
+    for i, k in enumerate(keys):
+        if i != 1:
+            assert content(tmp_path, i, 4) == f"data-{k}".encode()
+            assert book.done[i]["key"] == k and book.done[i]["index"] == i
+    assert not shards.sample_path(tmp_path, 1, 4).exists()  # c's file left row 1
+    # the same rows again: everything stays where it is
+    book2, todo2 = reopen(tmp_path, 4, keys)
+    assert todo2 == [1] and book2.pooled == 0
+
+
+def test_extract_new_shard_size_keeps_every_sample(tmp_path):
+    store(tmp_path, 4, ["a", "b", "c", "d", "e"])
+    _, todo = reopen(tmp_path, 2, ["a", "b", "c", "d", "e"])
+    assert todo == []
+    assert content(tmp_path, 4, 2) == b"data-e"
+    assert not (shards.shard_dir(tmp_path, 3)).exists()  # nothing left in old shards
+
+
+def test_extract_fewer_rows_keep_their_samples_and_another_capture_drops_all(tmp_path):
+    store(tmp_path, 2, ["a", "b", "c", "d", "e"])
+    _, todo = reopen(tmp_path, 2, ["e", "a"])  # shards past the end go to the pool first
+    assert todo == []
+    assert content(tmp_path, 0, 2) == b"data-e"
+    _, todo = reopen(tmp_path, 2, ["e", "a"], capture="c2")  # e.g. other layer ids
+    assert todo == [0, 1]
+    assert not (tmp_path / "shards").exists() or not any(
+        (tmp_path / "shards").rglob("*.safetensors")
+    )
+
+
+def test_extract_trusts_untouched_files_and_rehashes_touched_ones(tmp_path):
+    store(tmp_path, 4, ["a", "b", "c"])
+    path = shards.sample_path(tmp_path, 1, 4)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    _, todo = reopen(tmp_path, 4, ["a", "b", "c"])
+    assert todo == []  # touched but the same content: its sha256 is checked and matches
+    path.write_bytes(b"data-B")  # same size, other content
+    book, todo = reopen(tmp_path, 4, ["a", "b", "c"])
+    assert todo == [1] and book.corrupt == [1]
+
+
+def test_gather_frees_samples_no_row_uses(tmp_path):
+    store(tmp_path, 4, ["a", "b", "c", "d"])
+    reopen(tmp_path, 4, ["a", "b"])  # c and d wait in the pool
+    pooled = list((tmp_path / extract.REUSE).rglob("*.safetensors"))
+    assert len(pooled) == 2
+    part = {
+        "part": 0,
+        "samples": [0, 2],
+        "tokens": 6,
+        "bytes": 12,
+        "root": str(tmp_path),
+        "layer_ids": [2, 30],
+        "aux_layer_ids": [2],
+        "final_layer_id": 30,
+        "hidden_size": 8,
+        "storage": "bf16",
+        "samples_per_shard": 4,
+        "shards": [],
+        "this_run": {},
+        "verification": {
+            "samples_checked": 2,
+            "next_token_agreement": 1.0,
+            "next_token_positions": 4,
+            "reference": None,
+        },
+    }
+    write_json(tmp_path / "parts" / "part_0.json", part)
+    extract.gather([tmp_path / "parts" / "part_0.json"], tmp_path / "manifest.json", {})
+    assert not (tmp_path / extract.REUSE).exists()
+
+
+# ---- bench: results cached per prompt set --------------------------------------------------
+
+
+def test_bench_fingerprint_covers_what_a_measurement_depends_on(tmp_path):
+    cfg = default_config()
+    settings = bench.measurement_settings(cfg["bench"], cfg["vllm"])
+    assert "bench.prompt_sets" not in settings and "bench.min_acceptance_length" not in settings
+    assert settings["bench.max_tokens"] == cfg["bench"]["max_tokens"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "1"}\n')
+    target = {"identity": "t"}
+    fp = bench.set_fingerprint("d", target, prompts, settings)
+    assert bench.set_fingerprint("d", target, prompts, dict(settings)) == fp
+    assert bench.set_fingerprint("d2", target, prompts, settings) != fp
+    assert bench.set_fingerprint("d", {"identity": "t2"}, prompts, settings) != fp
+    assert bench.set_fingerprint("d", target, prompts, {**settings, "bench.max_tokens": 1}) != fp
+    prompts.write_text('{"id": "2"}\n')
+    assert bench.set_fingerprint("d", target, prompts, settings) != fp
+
+
+def test_drafter_identity_ignores_where_the_verifier_lives(tmp_path):
+    cfg = {"speculators_config": {"verifier": {"name_or_path": "/a/model", "architectures": []}}}
+    write_json(tmp_path / "config.json", cfg)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    first = bench.drafter_identity(tmp_path)
+    cfg["speculators_config"]["verifier"]["name_or_path"] = "/b/model"
+    write_json(tmp_path / "config.json", cfg)
+    assert bench.drafter_identity(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"other weights")
+    assert bench.drafter_identity(tmp_path) != first
+
+
+@pytest.fixture
+def bench_inputs(tmp_path, monkeypatch):
+    """A drafter, target and manifest that pass the consistency check, and a measure_sets that
+    records what it is asked to measure (it stands in for the vLLM servers)."""
+    asked: list[list[str]] = []
+
+    def fake_measure(sets, cfg, vllm_cfg, target, drafter_dir, log_path):
+        asked.append(sorted(sets))
+        rows = {
+            name: [
+                {
+                    "prompt_set": name,
+                    "k": k,
+                    "temperature": 0.0,
+                    "concurrency": 1,
+                    "drafts": 10,
+                    "acceptance_length": 1.5,
+                    "speedup": 1.0,
+                }
+                for k in cfg["num_speculative_tokens"]
+            ]
+            for name in sets
+        }
+        return rows, 1 + len(cfg["num_speculative_tokens"])
+
+    monkeypatch.setattr(bench, "measure_sets", fake_measure)
+    monkeypatch.setattr(bench, "consistency", lambda *a: {"ok": True, "problems": []})
+    write_json(tmp_path / "target.json", {"identity": "t", "model_path": str(tmp_path)})
+    write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
+    write_json(tmp_path / "metrics.json", {"epochs": []})
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    write_json(drafter / "config.json", {})
+    (drafter / "model.safetensors").write_bytes(b"w")
+    files = {}
+    for name in ("one", "two", "three"):
+        files[name] = tmp_path / f"bench_{name}.jsonl"
+        files[name].write_text(f'{{"id": "{name}", "messages": []}}\n')
+
+    def run(names, **bench_overrides):
+        cfg = default_config(bench=bench_overrides)
+        return bench.run(
+            tmp_path / "target.json",
+            drafter,
+            tmp_path / "manifest.json",
+            tmp_path / "metrics.json",
+            {n: str(files[n]) for n in names},
+            tmp_path / "bench.json",
+            cfg["bench"],
+            cfg["vllm"],
+            tmp_path / "cache",
+        )
+
+    return run, asked, files
+
+
+def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
+    run, asked, files = bench_inputs
+    first = run(["one", "two"])
+    assert asked == [["one", "two"]] and first["this_run"]["servers_started"] == 2
+    again = run(["one", "two"])  # nothing new: no server
+    assert asked == [["one", "two"]] and again["this_run"]["servers_started"] == 0
+    assert again["runs"] == first["runs"]
+    added = run(["one", "two", "three"])  # a new set: only it is measured
+    assert asked[-1] == ["three"]
+    assert [r["prompt_set"] for r in added["runs"]] == ["one", "two", "three"]
+    assert added["this_run"]["cached_sets"] == ["one", "two"]
+    removed = run(["two"])
+    assert len(asked) == 2 and [r["prompt_set"] for r in removed["runs"]] == ["two"]
+    files["one"].write_text('{"id": "one-edited", "messages": []}\n')
+    run(["one", "two"])  # an edited set is measured again, alone
+    assert asked[-1] == ["one"]
+    judged = run(["one", "two"], min_acceptance_length=2.0)  # a threshold only re-judges
+    assert len(asked) == 3 and not judged["verdict"]["ok"]
+    run(["one", "two"], max_tokens=7)  # a measurement setting: everything again
+    assert asked[-1] == ["one", "two"]
+    assert read_json(files["two"].parent / "bench.json")["this_run"]["measured_sets"] == [
+        "one",
+        "two",
+    ]
