@@ -7,7 +7,6 @@ rule extract:
     input:
         target=out("target/target.json"),
         dataset=out("prepare/dataset"),
-        prepare_stats=out("prepare/stats.json"),
         code=code_of("workflow_scripts/extract.py"),
     output:
         part=out("hidden_states/parts/part_{part}.json"),

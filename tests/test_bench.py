@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import bench, report
+from eagle3_pipeline import bench, consistency, report
 from eagle3_pipeline.fileio import write_json
 
 POS = bench.PER_POS
@@ -148,29 +148,50 @@ def test_measured_far_below_predicted_flags_a_mismatch():
 @pytest.fixture(scope="module")
 def trained(resumed_run, fixture_data):
     """The drafter the train tests trained (once per session) on real SmolLM2 hidden states."""
-    manifest = json.loads(Path(fixture_data["manifest"]).read_text())
     return {
         "dir": Path(resumed_run["kwargs"]["drafter_dir"]),
-        "aux_layer_ids": manifest["aux_layer_ids"],
+        "manifest": json.loads(Path(fixture_data["manifest"]).read_text()),
+        "vocab_map": (fixture_data["d2t"], fixture_data["t2d"]),
     }
 
 
 def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
+    """The one checker train and bench call: a clean drafter passes, each slip is named."""
+    import numpy as np
+
     from eagle3_pipeline.target import load_info
 
     target = load_info(target_json)
-    manifest = {"aux_layer_ids": trained["aux_layer_ids"]}
-    assert bench.consistency(trained["dir"], manifest, target)["ok"]
-    shifted = {"aux_layer_ids": [i + 1 for i in trained["aux_layer_ids"]]}
-    problems = bench.consistency(trained["dir"], shifted, target)["problems"]
-    assert any("differ from the extracted layers" in p for p in problems)
+    manifest = trained["manifest"]
+    configured = {"norm_before_fc": True, "norm_output": True, "sliding_window": None}
+    clean = consistency.check(
+        trained["dir"], manifest, target, configured=configured, vocab_map=trained["vocab_map"]
+    )
+    assert clean["ok"] and all(clean["checks"].values()), clean["problems"]
+    assert clean["served"]["target_model_window"] is None  # SmolLM2 has no window
+
+    def problems(**kw):
+        args = {"drafter_dir": trained["dir"], "manifest": manifest, "target": target, **kw}
+        return consistency.check(**args)["problems"]
+
+    shifted = {**manifest, "aux_layer_ids": [i + 1 for i in manifest["aux_layer_ids"]]}
+    assert any("differ from the extracted layers" in p for p in problems(manifest=shifted))
+    assert any(
+        "norm_before_fc" in p for p in problems(configured={**configured, "norm_before_fc": False})
+    )
+    other_map = tmp_path / "d2t.npy"
+    np.save(other_map, np.roll(np.load(trained["vocab_map"][0]), 1))
+    assert any(
+        "vocabulary map" in p for p in problems(vocab_map=(other_map, trained["vocab_map"][1]))
+    )
+    # a target with a model-wide window would impose it on the full-attention draft layer
+    assert any("vLLM serves the draft layers" in p for p in problems(target_window=4096))
     broken = tmp_path / "drafter"
     shutil.copytree(trained["dir"], broken)
     cfg = json.loads((broken / "config.json").read_text())
     cfg["speculators_config"]["verifier"]["name_or_path"] = "/nonexistent/model"
     (broken / "config.json").write_text(json.dumps(cfg))
-    problems = bench.consistency(broken, manifest, target)["problems"]
-    assert any("does not exist" in p for p in problems)
+    assert any("does not exist" in p for p in problems(drafter_dir=broken))
 
 
 @pytest.mark.server
@@ -187,7 +208,7 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     weights[fc] = weights[fc][:, :-7].contiguous()  # wrong shape
     save_file(weights, bad / "model.safetensors")
     manifest = tmp_path / "manifest.json"
-    write_json(manifest, {"aux_layer_ids": trained["aux_layer_ids"]})
+    write_json(manifest, trained["manifest"])
     train_metrics = tmp_path / "metrics.json"
     write_json(train_metrics, {"epochs": []})
     prompts = tmp_path / "p.jsonl"

@@ -7,9 +7,9 @@ per-position acceptance = accepted_at_pos / drafts. Throughput is output tokens 
 measured in the same job; at temperature 0 the outputs with and without the drafter are
 compared token by token.
 
-Before any server starts, the drafter's config is checked against what extraction and
-training used (layer ids, draft vocabulary, verifier path): acceptance barely moves when
-these are wrong, so they are checked structurally.
+Before any server starts, the drafter is checked against what extraction and the target say
+(:mod:`eagle3_pipeline.consistency`: layer ids, sizes, vocabulary map, sliding window, verifier
+path): acceptance barely moves when these are wrong, so they are checked structurally.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from . import consistency
 from .fileio import iter_jsonl, read_json, write_json
 from .provenance import provenance
 from .server import ServerError, VllmServer, spec_from_config
@@ -39,71 +40,6 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 class BenchError(RuntimeError):
     pass
-
-
-# ---- train/serve consistency ------------------------------------------------------------------
-
-
-def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
-    """What vLLM will read from the drafter checkpoint."""
-    from safetensors import safe_open
-
-    drafter_dir = Path(drafter_dir)
-    cfg = read_json(drafter_dir / "config.json")
-    with safe_open(drafter_dir / "model.safetensors", framework="pt") as fh:
-        keys = set(fh.keys())
-        d2t_len = fh.get_slice("d2t").get_shape()[0] if "d2t" in keys else None
-        t2d_len = fh.get_slice("t2d").get_shape()[0] if "t2d" in keys else None
-    layer_cfg = cfg.get("transformer_layer_config", {})
-    spec = cfg.get("speculators_config", {})
-    return {
-        "aux_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
-        "draft_vocab_size": cfg.get("draft_vocab_size"),
-        "d2t_len": d2t_len,
-        "t2d_len": t2d_len,
-        "verifier": (spec.get("verifier") or {}).get("name_or_path"),
-        "norm_before_fc": cfg.get("norm_before_fc"),
-        "norm_output": cfg.get("norm_output"),
-        "sliding_window": layer_cfg.get("sliding_window")
-        if layer_cfg.get("use_sliding_window", True)
-        else None,
-        "target_vocab_size": layer_cfg.get("vocab_size"),
-    }
-
-
-def consistency(drafter_dir: str | Path, manifest: dict, target: dict) -> dict[str, Any]:
-    """Structural train/serve checks; each failing check is listed with what to do."""
-    f = drafter_facts(drafter_dir)
-    problems = []
-    if f["aux_layer_ids"] is not None and list(f["aux_layer_ids"]) != manifest["aux_layer_ids"]:
-        problems.append(
-            f"drafter aux layer ids {f['aux_layer_ids']} differ from the extracted "
-            f"layers {manifest['aux_layer_ids']}: re-train on this extraction"
-        )
-    if f["aux_layer_ids"] is None:
-        problems.append(
-            "drafter config has no eagle_aux_hidden_state_layer_ids: vLLM would "
-            "fall back to its own default layers"
-        )
-    if f["verifier"] is None or not Path(f["verifier"]).exists():
-        problems.append(
-            f"drafter verifier path {f['verifier']!r} does not exist: vLLM fails "
-            "offline (HFValidationError) when launched from the drafter alone"
-        )
-    elif Path(f["verifier"]).resolve() != Path(target["model_path"]).resolve():
-        problems.append(
-            f"drafter verifier {f['verifier']} is not the target {target['model_path']}"
-        )
-    if f["d2t_len"] != f["draft_vocab_size"]:
-        problems.append(
-            f"d2t has {f['d2t_len']} entries, draft_vocab_size is {f['draft_vocab_size']}"
-        )
-    if f["t2d_len"] is not None and f["t2d_len"] != target["architecture"]["vocab_size"]:
-        problems.append(
-            f"t2d covers {f['t2d_len']} target tokens, the target has "
-            f"{target['architecture']['vocab_size']}"
-        )
-    return {"drafter": f, "problems": problems, "ok": not problems}
 
 
 # ---- metrics ---------------------------------------------------------------------------------
@@ -283,7 +219,7 @@ def run(
     target = load_info(target_json)
     manifest = read_json(manifest_path)
     drafter_dir = str(Path(drafter_dir).resolve())
-    check = consistency(drafter_dir, manifest, target)
+    check = consistency.check(drafter_dir, manifest, target)
     if not check["ok"]:
         raise BenchError(
             "the drafter does not match this run's extraction/target:\n  - "
