@@ -588,7 +588,10 @@ def enforce(v: dict, cfg: dict) -> None:
 
 def gather(parts: list, manifest_out, cfg: dict) -> dict:
     """Merge part manifests; check they agree and cover every sample exactly once."""
-    ms = sorted((read_json(p) for p in parts), key=lambda m: m["part"])
+    # Each manifest stays paired with its own file: sorted by part number, not by path text
+    # (as text, part_10.json sorts before part_2.json).
+    paired = sorted(((read_json(p), p) for p in parts), key=lambda mp: mp[0]["part"])
+    ms = [m for m, _ in paired]
     first = ms[0]
     for key in ("layer_ids", "storage", "hidden_size", "samples_per_shard", "root"):
         values = {str(m[key]) for m in ms}
@@ -635,9 +638,7 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
             "reference_max_rel_error": max((r["max_rel_error"] for r in refs), default=None),
             "reference_per_layer": refs[0]["max_rel_error_per_layer"] if refs else None,
         },
-        "provenance": provenance(
-            cfg, inputs={f"part_{m['part']}": p for m, p in zip(ms, sorted(parts))}
-        ),
+        "provenance": provenance(cfg, inputs={f"part_{m['part']}": p for m, p in paired}),
     }
     write_json(manifest_out, manifest)
     return manifest
