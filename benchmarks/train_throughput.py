@@ -16,7 +16,7 @@ Then, on the same data and with the same hyperparameters, it trains
 Both training processes go through eagle3_pipeline.train.entry, so both get the same passive
 probes (per-batch DataLoader wait, peak GPU memory, metric records) and the same device bridge
 (on GPUs only the H200 fused-loss autotune fix, without which stock speculators crashes at step 0
-there; FACTS.md). Reported per run: steady-state tokens/s and s/step (first --warmup steps
+there; docs/dependencies.md). Reported per run: steady-state tokens/s and s/step (first --warmup steps
 excluded), DataLoader wait per step vs step time, trainer-profiled step phases, peak GPU memory;
 and ours/stock.
 

@@ -55,11 +55,11 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
     4. ``checkpointer.get_current_device()`` -> ``"cpu"``: without an accelerator it returns
        ``"cuda:0"`` as the map location, so resuming from a checkpoint failed.
 
-    With an accelerator one fix is applied (FACTS.md): on an H200 (torch 2.11, triton 3.6) the
-    fused loss crashed at step 0 under torch.compile because one ``triton.autotune`` object
-    decorates both loss kernels and they share its ``configs``/``keys`` lists
-    ("ListVariable ... is already tracked for mutation"). ``loss_backward_kernel`` gets its own
-    deep copies of the two lists; the math is unchanged.
+    With an accelerator one fix is applied: on an H200 (torch 2.11, triton 3.6) the fused loss
+    crashed at step 0 under torch.compile because one ``triton.autotune`` decorator is applied to
+    both loss kernels, which then share its ``configs``/``keys`` lists ("ListVariable ... is
+    already tracked for mutation"). ``loss_backward_kernel`` gets its own deep copies of the two
+    lists; the math is unchanged. The upstream lines of all five: docs/dependencies.md.
 
     Returns the names of the bridges applied (recorded in the ``start`` record).
     """

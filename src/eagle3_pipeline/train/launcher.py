@@ -45,7 +45,7 @@ def child_env(gpus: int) -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' save_pretrained bars
     if gpus <= 0:
-        # FACTS.md: on small shared CPUs one thread beat two by 3-4x
+        # half the cores: the rest stay free for data loading and other jobs (docs/dependencies.md)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
     return env
 
