@@ -26,6 +26,7 @@ from . import consistency
 from .fileio import iter_jsonl, read_json, write_json
 from .provenance import provenance
 from .server import ServerError, VllmServer, spec_from_config
+from .stats import percentiles
 from .target import load_info
 
 log = logging.getLogger(__name__)
@@ -143,13 +144,12 @@ async def _run_set(
         await asyncio.gather(*(go(i, s) for i in range(len(prompts))))
         wall = time.monotonic() - t0
     tokens = sum(r["tokens"] for r in results)
-    lat = sorted(r["latency_s"] for r in results)
     return {
         "requests": len(prompts),
         "output_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall else None,
-        "latency_s": {"mean": sum(lat) / len(lat), "p50": lat[len(lat) // 2], "max": lat[-1]},
+        "latency_s": percentiles([r["latency_s"] for r in results], (50, 100)),
         "outputs": [r["token_ids"] for r in results],
     }
 

@@ -14,6 +14,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .train.trainer_config import device_problems
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
 
 
@@ -278,16 +280,7 @@ def check_semantics(cfg: dict) -> list[str]:
             f"({cfg['prepare']['seq_length']} > {cfg['vllm']['max_model_len']}), "
             "or extraction cannot prefill the rows"
         )
-    if cfg["train"]["gpus"] == 0 and cfg["train"]["fsdp"]:
-        problems.append(
-            "config key `train.fsdp`: FSDP needs GPUs, but train.gpus is 0 "
-            "(training on the CPU); set train.gpus >= 2 or fsdp: false"
-        )
-    if cfg["train"]["gpus"] == 0 and cfg["train"]["attn_impl"] == "simple_flex_attention":
-        problems.append(
-            "config key `train.attn_impl`: simple_flex_attention has no CPU "
-            "backward; use sdpa when train.gpus is 0"
-        )
+    problems += device_problems(cfg["train"])
     return problems
 
 

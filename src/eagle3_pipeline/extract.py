@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
 import logging
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import shards
-from .fileio import AppendLog, read_json, stable_hash, write_json
+from .fileio import AppendLog, read_json, sha256_bytes, sha256_tree, stable_hash, write_json
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import VllmServer, spec_from_config
@@ -83,22 +82,6 @@ def check_disk(root: Path, needed: int, margin: float) -> dict[str, Any]:
         )
     log.info("disk: %.2f GiB needed, %.1f GiB free", needed / 2**30, free / 2**30)
     return info
-
-
-def dataset_fingerprint(dataset_dir: Path) -> str:
-    """Content hash of a saved HF dataset (its Arrow files and state)."""
-    h = hashlib.sha256()
-    for f in sorted(dataset_dir.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(dataset_dir).as_posix().encode())
-            with open(f, "rb") as fh:
-                while block := fh.read(1 << 22):
-                    h.update(block)
-    return h.hexdigest()[:16]
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # ---- shard bookkeeping ------------------------------------------------------------------------
@@ -211,7 +194,7 @@ class ShardBook:
 
     def summary(self, s: int) -> dict[str, Any]:
         samples = [self.done[k] for k in self.shard_samples(s)]
-        h = hashlib.sha256("".join(e["sha256"] for e in samples).encode()).hexdigest()
+        h = sha256_bytes("".join(e["sha256"] for e in samples).encode())
         return {
             "index": s,
             "samples": [samples[0]["index"], samples[-1]["index"]],
@@ -363,7 +346,7 @@ def part_fingerprint(
 ) -> str:
     return stable_hash(
         {
-            "dataset": dataset_fingerprint(dataset_dir),
+            "dataset": sha256_tree(dataset_dir),
             "model": target["model_path"],
             "layer_ids": layer_ids,
             "storage": cfg["storage"],

@@ -175,6 +175,16 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_tree(root: str | os.PathLike) -> str:
+    """Content hash of a directory (a saved dataset): every file's path relative to ``root`` and
+    its sha256, in path order. Two copies of the same content hash alike wherever they lie."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 def stable_hash(obj: Any) -> str:
     """Hash of a JSON-able object that does not depend on key order."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()

@@ -41,6 +41,7 @@ import zstandard
 from .fileio import write_json
 from .provenance import provenance
 from .runtime import Progress
+from .stats import percentiles
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +163,6 @@ def rows_of_chunk(chunk: bytes, seq_length: int) -> Iterator[Row | str]:
         yield Row(rec["id"], prompt, completion, int(seq_len), int(n_trainable))
 
 
-def percentiles(values: np.ndarray, qs=(0, 5, 25, 50, 75, 95, 99, 100)) -> dict[str, float]:
-    if len(values) == 0:
-        return {}
-    pct = np.percentile(values, qs)
-    return {f"p{q}": float(v) for q, v in zip(qs, pct)} | {"mean": float(np.mean(values))}
-
-
 # --------------------------------------------------------------------------------------------
 # The stage
 # --------------------------------------------------------------------------------------------
@@ -235,7 +229,7 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
         "rows_truncated": int(truncated),
         "tokens_total": int(lens.sum()),
         "tokens_trainable": int(tokens_trainable),
-        "seq_len": percentiles(lens),
+        "seq_len": percentiles(lens, (0, 5, 25, 50, 75, 95, 99, 100)),
     }
 
 

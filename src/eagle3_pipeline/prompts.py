@@ -52,7 +52,6 @@ read are malformed, empty or over-length.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as md
 import io
 import json
@@ -67,7 +66,14 @@ from pathlib import Path
 from typing import Any
 
 from .config import source_name
-from .fileio import sha256_file, write_json, write_jsonl, write_jsonl_zst
+from .fileio import (
+    sha256_bytes,
+    sha256_file,
+    stable_hash,
+    write_json,
+    write_jsonl,
+    write_jsonl_zst,
+)
 from .provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -418,10 +424,9 @@ def problem(messages: list[dict], max_chars: int) -> str | None:
     return None
 
 
-def dedupe_key(messages: list[dict]) -> bytes:
+def dedupe_key(messages: list[dict]) -> str:
     """Digest of the messages with whitespace runs collapsed (the duplicate test)."""
-    norm = [[m["role"], " ".join(m["content"].split())] for m in messages]
-    return hashlib.blake2b(json.dumps(norm, ensure_ascii=False).encode(), digest_size=16).digest()
+    return stable_hash([[m["role"], " ".join(m["content"].split())] for m in messages])
 
 
 # ----------------------------------------------------------------------------- selection
@@ -483,7 +488,7 @@ def filter_rows(
 
 def source_offset(split: str, name: str) -> int:
     """A stable per-source seed offset (does not depend on the order of sources)."""
-    return int(hashlib.sha256(f"{split}/{name}".encode()).hexdigest()[:8], 16)
+    return int(sha256_bytes(f"{split}/{name}".encode())[:8], 16)
 
 
 def select(rows: list[dict], n: int | None, seed: int) -> list[dict]:

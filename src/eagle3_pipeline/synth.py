@@ -39,6 +39,7 @@ from .fileio import (
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
+from .stats import percentiles
 from .target import load_info
 
 log = logging.getLogger(__name__)
@@ -468,7 +469,7 @@ def finalize(
                     outcome["completion_tokens"] / max(elapsed, 1e-9), 1
                 ),
             },
-            "latency_s": _percentiles(latencies),
+            "latency_s": percentiles(latencies),
             "template_check": {
                 "checked": written,
                 "mismatches": mismatch_total,
@@ -499,11 +500,3 @@ def finalize(
         dict(finish),
     )
     return stats
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    v = sorted(values)
-    pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": v[-1]}

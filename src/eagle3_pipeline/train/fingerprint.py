@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..fileio import read_json, sha256_file, stable_hash, write_json
+from ..fileio import read_json, sha256_file, sha256_tree, stable_hash, write_json
 from .checkpoints import CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -18,26 +18,6 @@ log = logging.getLogger(__name__)
 OPERATIONAL = frozenset(
     {"num_workers", "prefetch_factor", "log_freq", "log_dir", "logger", "run_name", "save_path"}
 )
-
-
-def _dataset_digest(dataset_dir: Path, full_limit: int = 256 << 20) -> dict[str, Any]:
-    files = sorted(p for p in dataset_dir.rglob("*") if p.is_file())
-    total = sum(p.stat().st_size for p in files)
-    out: dict[str, Any] = {"bytes": total, "files": {}}
-    for p in files:
-        rel = str(p.relative_to(dataset_dir))
-        if p.suffix == ".json" or total <= full_limit:
-            out["files"][rel] = sha256_file(p)
-        else:  # large datasets: size plus head and tail
-            import hashlib
-
-            h = hashlib.sha256(str(p.stat().st_size).encode())
-            with open(p, "rb") as fh:
-                h.update(fh.read(1 << 20))
-                fh.seek(max(0, p.stat().st_size - (1 << 20)))
-                h.update(fh.read(1 << 20))
-            out["files"][rel] = h.hexdigest()
-    return out
 
 
 def fingerprint(
@@ -61,7 +41,7 @@ def fingerprint(
     parts = {
         "params": {k: v for k, v in sorted(train_config.items()) if k not in OPERATIONAL},
         "world_size": max(1, int(gpus)),
-        "dataset": _dataset_digest(Path(dataset_dir)),
+        "dataset": sha256_tree(dataset_dir),
         "manifest": sha256_file(manifest_path),
         "d2t": sha256_file(d2t),
         "t2d": sha256_file(t2d),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import AppendLog
+from ..stats import median
 
 METRICS_FORMAT = "eagle3-pipeline/train-metrics@1"
 RECORDS = "logs/metrics.jsonl"
@@ -20,14 +21,6 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return sum(xs) / len(xs) if xs else None
-
-
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    if not xs:
-        return None
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def _per_step(metrics: dict[str, Any], prefix: str, ttt: int, suffix: str = "") -> list:
@@ -118,12 +111,12 @@ def summarize(
     peaks = [r.get("peak_allocated_gib") for r in ends if r.get("peak_allocated_gib")]
     throughput = {
         "tokens_per_s": tokens / seconds if seconds else None,
-        "step_ms_median": _median(step_ms),
+        "step_ms_median": median(step_ms),
         "logged_steps": len(step_ms),
-        "trainer_fetch_ms_median": _median(fetch_ms),
+        "trainer_fetch_ms_median": median(fetch_ms),
         "loader_wait_ms_mean": 1000 * _mean(waits) if waits else None,
         "loader_wait_ms_max": 1000 * max(waits) if waits else None,
-        "loader_step_interval_ms_median": 1000 * _median(intervals) if intervals else None,
+        "loader_step_interval_ms_median": 1000 * median(intervals) if intervals else None,
         "loader_wait_fraction": (sum(waits) / sum(intervals)) if intervals else None,
         "peak_gpu_allocated_gib": max(peaks) if peaks else None,
         "peak_gpu_reserved_gib": max((r.get("peak_reserved_gib") or 0) for r in ends) or None,

@@ -65,6 +65,36 @@ def resolve_auto(cfg: dict[str, Any], cpus: int | None = None) -> dict[str, Any]
     return out
 
 
+def device_problems(cfg: dict[str, Any]) -> list[str]:
+    """What the ``train`` config asks that its device cannot do, one line each. The one rule:
+    config validation reports these before any job starts, the stage refuses them too."""
+    c = resolve_auto(cfg)
+    gpus = int(c.get("gpus", 0))
+    problems = []
+    if c.get("fsdp") and gpus < 2:
+        problems.append(
+            f"config key `train.fsdp`: FSDP needs at least 2 GPUs, but train.gpus is {gpus}; "
+            "set train.gpus >= 2 or fsdp: false"
+        )
+    if gpus == 0:
+        if c["attn_impl"] == "simple_flex_attention":
+            problems.append(
+                "config key `train.attn_impl`: simple_flex_attention has no CPU backward; use "
+                "sdpa (or auto) when train.gpus is 0"
+            )
+        if c["hidden_states_dtype"] != "float32":
+            problems.append(
+                "config key `train.hidden_states_dtype`: must be float32 on the CPU "
+                "(speculators autocasts only on accelerators)"
+            )
+        if c["loss_implementation"] == "fused":
+            problems.append(
+                "config key `train.loss_implementation`: fused needs Triton on a GPU; use eager "
+                "(or auto) when train.gpus is 0"
+            )
+    return problems
+
+
 def trainer_args(
     cfg: dict[str, Any],
     *,
@@ -84,25 +114,9 @@ def trainer_args(
     Returns ``(train_config, backend_args)``. Pure: no file access, no speculators import.
     """
     c = resolve_auto(cfg, cpus)
-    gpus = int(c.get("gpus", 0))
-    if gpus == 0:
-        if c["attn_impl"] == "simple_flex_attention":
-            raise TrainError(
-                "train.attn_impl simple_flex_attention has no CPU backward; use "
-                "sdpa (or auto) when train.gpus is 0"
-            )
-        if c["hidden_states_dtype"] != "float32":
-            raise TrainError(
-                "train.hidden_states_dtype must be float32 on the CPU (speculators "
-                "autocasts only on accelerators)"
-            )
-        if c["loss_implementation"] == "fused":
-            raise TrainError(
-                "train.loss_implementation fused needs Triton on a GPU; use eager "
-                "(or auto) when train.gpus is 0"
-            )
-    if c.get("fsdp") and gpus < 2:
-        raise TrainError("train.fsdp needs train.gpus >= 2")
+    problems = device_problems(cfg)
+    if problems:
+        raise TrainError("; ".join(problems))
     num_layers = int(c["num_layers"])
     window = c.get("sliding_window")
     args: dict[str, Any] = {
