@@ -1,7 +1,7 @@
 rule vocab:
     """Draft vocabulary map (d2t/t2d) from the loss-masked token frequencies, with coverage."""
     input:
-        records=out("synth/synth.jsonl.zst"),
+        dataset=out("prepare/dataset"),
         target=out("target/target.json"),
         code=code_of("workflow_scripts/vocab.py"),
     output:
@@ -18,6 +18,5 @@ rule vocab:
         "../envs/train.yaml"
     params:
         vocab=config["vocab"],
-        seq_length=config["prepare"]["seq_length"],
     script:
         "../workflow_scripts/vocab.py"

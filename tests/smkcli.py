@@ -36,8 +36,8 @@ STAGES = (
 CONSUMERS = {
     "target": {"synth", "vocab", "extract", "train", "bench", "report"},
     "prompts": {"synth", "bench"},
-    "synth": {"prepare", "vocab", "report"},
-    "prepare": {"extract", "train", "report"},
+    "synth": {"prepare", "report"},
+    "prepare": {"vocab", "extract", "train", "report"},
     "vocab": {"train", "report"},
     "extract": {"extract_gather"},
     "extract_gather": {"train", "bench", "report"},

@@ -53,7 +53,6 @@ read are malformed, empty or over-length.
 from __future__ import annotations
 
 import importlib.metadata as md
-import io
 import json
 import logging
 import random
@@ -67,6 +66,7 @@ from typing import Any
 
 from .config import source_name
 from .fileio import (
+    iter_lines,
     sha256_bytes,
     sha256_file,
     stable_hash,
@@ -249,25 +249,9 @@ def iter_sharegpt(path: str | Path | None = None, info: dict | None = None) -> I
     return iter_json_array(path or packaged_file("sharegpt"), info)
 
 
-def _iter_text_lines(path: Path) -> Iterator[str]:
-    if path.name.endswith(".zst"):
-        import zstandard
-
-        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr:
-            yield from io.TextIOWrapper(zr, encoding="utf-8")
-    elif path.name.endswith(".gz"):
-        import gzip
-
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            yield from fh
-    else:
-        with open(path, encoding="utf-8") as fh:
-            yield from fh
-
-
 def iter_jsonl_rows(path: str | Path) -> Iterator[Any]:
     """Parsed rows of a JSONL(.zst/.gz) file; a line that is not JSON yields a Malformed."""
-    for line in _iter_text_lines(Path(path)):
+    for line in iter_lines(path):
         if not line.strip():
             continue
         try:
