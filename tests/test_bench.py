@@ -34,7 +34,11 @@ def test_acceptance_from_counter_deltas():
     assert a["per_position"] == pytest.approx([0.7, 0.5, 0.3])
 
 
-def test_scrape_parses_vllm_prometheus_text(monkeypatch):
+def test_scrape_parses_vllm_prometheus_text():
+    """Through the pipeline's HTTP client from a real local server (/metrics, outside /v1)."""
+    import http.server
+    import threading
+
     text = (
         "# TYPE vllm:spec_decode_num_drafts counter\n"
         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0\n'
@@ -48,22 +52,27 @@ def test_scrape_parses_vllm_prometheus_text(monkeypatch):
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0\n'
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0\n'
     )
+    paths = []
 
-    class Resp:
-        def __init__(self, body):
-            self.body = body
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            paths.append(self.path)
+            body = text.encode() if self.path == "/metrics" else b"not here"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-        def read(self):
-            return self.body.encode()
+        def log_message(self, *args):
+            pass
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr(bench.urllib.request, "urlopen", lambda url, timeout: Resp(text))
-    c = bench.scrape("http://127.0.0.1:1/v1")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        c = bench.scrape(f"http://127.0.0.1:{server.server_address[1]}/v1")
+    finally:
+        server.shutdown()
+    assert paths == ["/metrics"]
     assert c[bench.SPEC_COUNTERS[0]] == 40 and c[bench.SPEC_COUNTERS[2]] == 50
     assert c[POS] == {0: 30.0, 1: 15.0, 2: 5.0}
 

@@ -15,16 +15,16 @@ path): acceptance barely moves when these are wrong, so they are checked structu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from . import client as client_lib
 from . import consistency
 from .fileio import iter_jsonl, read_json, write_json
 from .provenance import provenance
+from .runtime import for_each
 from .server import ServerError, VllmServer, spec_from_config
 from .stats import percentiles
 from .target import load_info
@@ -50,9 +50,8 @@ def scrape(base_url: str) -> dict[str, Any]:
     """Spec-decode counters from the server's Prometheus endpoint."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    root = base_url.rsplit("/v1", 1)[0]
-    with urllib.request.urlopen(f"{root}/metrics", timeout=30) as r:
-        text = r.read().decode()
+    with client_lib.sync_client(base_url, timeout=30, max_retries=3) as client:
+        text = client_lib.get_text(client, "/metrics")
     out: dict[str, Any] = {name: 0.0 for name in SPEC_COUNTERS}
     per_pos: dict[int, float] = {}
     for fam in text_string_to_metric_families(text):
@@ -101,33 +100,14 @@ def predicted_acceptance_length(cond_acc: list[float], k: int) -> float | None:
 # ---- load generation ---------------------------------------------------------------------------
 
 
-async def _one(session, url: str, body: dict, timeout_s: float) -> dict:
-    import aiohttp
-
-    t0 = time.monotonic()
-    async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-        text = await r.text()
-        if r.status != 200:
-            raise BenchError(f"HTTP {r.status}: {text[:300]}")
-    data = json.loads(text)
-    choice = data["choices"][0]
-    return {
-        "latency_s": time.monotonic() - t0,
-        "token_ids": choice.get("token_ids") or [],
-        "tokens": data["usage"]["completion_tokens"],
-    }
-
-
 async def _run_set(
     base_url: str, model: str, prompts: list[dict], temperature: float, concurrency: int, cfg: dict
 ) -> dict[str, Any]:
-    import aiohttp
+    import openai
 
-    url = f"{base_url}/chat/completions"
-    sem = asyncio.Semaphore(concurrency)
     results: list[dict | None] = [None] * len(prompts)
 
-    async def go(i: int, session) -> None:
+    async def go(client, i: int) -> None:
         body = {
             "model": model,
             "messages": prompts[i]["messages"],
@@ -136,12 +116,22 @@ async def _run_set(
             "seed": 1234 + i,
             "return_token_ids": True,
         }
-        async with sem:
-            results[i] = await _one(session, url, body, cfg["request_timeout_s"])
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
         t0 = time.monotonic()
-        await asyncio.gather(*(go(i, s) for i in range(len(prompts))))
+        try:
+            data = await client_lib.chat(client, body)
+        except openai.APIError as e:
+            raise BenchError(f"request {i} failed: {type(e).__name__}: {str(e)[:300]}") from e
+        results[i] = {
+            "latency_s": time.monotonic() - t0,
+            "token_ids": data["choices"][0].get("token_ids") or [],
+            "tokens": data["usage"]["completion_tokens"],
+        }
+
+    # No retries: a retried request would distort the timing; a failure is an error.
+    client = client_lib.async_client(base_url, timeout=cfg["request_timeout_s"], max_retries=0)
+    async with client:
+        t0 = time.monotonic()
+        await for_each(range(len(prompts)), lambda i: go(client, i), concurrency)
         wall = time.monotonic() - t0
     tokens = sum(r["tokens"] for r in results)
     return {

@@ -4,7 +4,8 @@ extraction it was trained on, the target and (in the train stage) the config and
 None of these slips makes vLLM fail: it verifies every draft, so a mis-wired drafter only gets
 fewer tokens accepted, which for a weak drafter is lost in the benchmark's noise
 (docs/dependencies.md). They are therefore checked structurally: by the train stage right after
-export and by the bench stage before any server starts. Both call :func:`check`; a check whose inputs a stage does not have is not run.
+export and by the bench stage before any server starts. Both call :func:`check`; a check whose
+inputs a stage does not have is not run.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from . import client as client_lib
 from . import shards
 from .fileio import AppendLog, read_json, sha256_bytes, sha256_tree, stable_hash, write_json
 from .provenance import provenance
@@ -280,7 +281,6 @@ class Extractor:
     async def run(
         self, base_url: str, model: str, todo: list[int], progress: Progress, check_alive
     ) -> None:
-        import openai
         import torch
         from speculators.data_generation.vllm_client import generate_hidden_states_async
 
@@ -329,9 +329,12 @@ class Extractor:
             thread_name_prefix="validate",
         )
         try:
-            async with openai.AsyncOpenAI(
-                base_url=base_url, api_key="EMPTY", max_retries=0
-            ) as client:
+            # speculators' request function retries (extract.retries) with its own per-attempt
+            # timeout: the client itself does not retry on top of it
+            client = client_lib.async_client(
+                base_url, timeout=self.cfg["request_timeout_s"], max_retries=0
+            )
+            async with client:
                 await for_each(todo, lambda i: one(client, i), self.cfg["concurrency"])
         finally:
             pool.shutdown(wait=True)

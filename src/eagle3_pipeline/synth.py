@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import random
 import shutil
 import time
 import zlib
@@ -26,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import client as client_lib
 from .fileio import (
     AppendLog,
     atomic_path,
@@ -113,65 +112,37 @@ def parse_response(prompt: dict, data: dict, latency_s: float) -> dict[str, Any]
     }
 
 
-async def post_chat(session, endpoint: Endpoint, body: dict, timeout_s: float) -> dict:
-    import aiohttp
+async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
+    """One prompt -> one record. Transient errors (connection, timeout, 408/409/429, 5xx) have
+    been retried by the client (``synth.retries`` times, with backoff) when this raises."""
+    import openai
 
-    try:
-        async with session.post(
-            f"{endpoint.base_url}/chat/completions",
-            json=body,
-            headers=endpoint.headers(),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            text = await resp.text()
-            if 400 <= resp.status < 500 and resp.status not in (408, 429):
-                raise Rejected(f"HTTP {resp.status}: {text[:300]}")
-            if resp.status != 200:
-                raise Transient(f"HTTP {resp.status}: {text[:300]}")
-            return json.loads(text)
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
-        raise Transient(f"{type(e).__name__}: {e}") from e
-
-
-async def answer(session, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
-    """One prompt → one record, with retries and exponential backoff on transient errors."""
     body = request_body(prompt, endpoint.model, cfg)
-    attempts = cfg["retries"] + 1
-    for attempt in range(1, attempts + 1):
-        t0 = time.monotonic()
-        try:
-            data = await post_chat(session, endpoint, body, cfg["request_timeout_s"])
-            return parse_response(prompt, data, time.monotonic() - t0)
-        except Transient as e:
-            endpoint.check_alive()  # a dead server is fatal, not a retry
-            if attempt == attempts:
-                raise
-            delay = min(2**attempt, 60) * (0.5 + random.random())
-            log.warning(
-                "%s: %s (attempt %d/%d), retrying in %.1f s",
-                prompt["id"],
-                e,
-                attempt,
-                attempts,
-                delay,
-            )
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    t0 = time.monotonic()
+    try:
+        data = await client_lib.chat(client, body)
+    except openai.APIStatusError as e:
+        if 400 <= e.status_code < 500 and e.status_code not in (408, 409, 429):
+            raise Rejected(f"HTTP {e.status_code}: {str(e)[:300]}") from e
+        endpoint.check_alive()
+        raise Transient(f"HTTP {e.status_code}: {str(e)[:300]}") from e
+    except openai.APIConnectionError as e:  # timeouts included
+        endpoint.check_alive()  # a dead server is fatal, not a failed prompt
+        raise Transient(f"{type(e).__name__}: {e}") from e
+    return parse_response(prompt, data, time.monotonic() - t0)
 
 
 async def generate(
     endpoint: Endpoint, prompts: list[dict], cfg: dict, journal: AppendLog, progress: Progress
 ) -> Counter:
     """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives."""
-    import aiohttp
-
     outcome: Counter = Counter()
     consecutive_transient = 0
 
-    async def one(session, prompt: dict) -> None:
+    async def one(client, prompt: dict) -> None:
         nonlocal consecutive_transient
         try:
-            rec = await answer(session, endpoint, prompt, cfg)
+            rec = await answer(client, endpoint, prompt, cfg)
             journal.append({"status": "ok", **rec})
             outcome["ok"] += 1
             outcome["completion_tokens"] += len(rec["completion_token_ids"])
@@ -192,9 +163,14 @@ async def generate(
                     f"(last: {e}); is the endpoint {endpoint.base_url} up?"
                 ) from e
 
-    conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
-    async with aiohttp.ClientSession(connector=conn) as session:
-        await for_each(prompts, lambda p: one(session, p), cfg["concurrency"])
+    client = client_lib.async_client(
+        endpoint.base_url,
+        api_key=endpoint.api_key,
+        timeout=cfg["request_timeout_s"],
+        max_retries=cfg["retries"],
+    )
+    async with client:
+        await for_each(prompts, lambda p: one(client, p), cfg["concurrency"])
     return outcome
 
 
