@@ -6,7 +6,6 @@ config never costs a model load.
 
 from __future__ import annotations
 
-import copy
 import difflib
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,6 @@ SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
 
 class ConfigError(ValueError):
     """Invalid configuration; the message lists every problem, one per line."""
-
-
-def _with_defaults(validator_class):
-    """A validator that fills in ``default`` values while it validates."""
-    validate_properties = validator_class.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from validate_properties(validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
-
-
-_Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
@@ -102,16 +84,23 @@ def _option(schema: dict) -> str:
     return text
 
 
-def validate(config: dict, schema: dict | None = None) -> dict:
+def validate(config: dict) -> dict:
     """Validate ``config`` in place (filling defaults) and run the cross-key checks.
 
-    Raises ConfigError naming each offending key and what is expected.
+    Raises ConfigError naming each offending key and what is expected: every problem at once,
+    an unknown key with the nearest known one. Snakemake's own ``validate`` fills the defaults
+    once the config is valid (it stops at the first error, with jsonschema's message).
     """
-    schema = schema or load_schema()
+    from snakemake.utils import validate as fill_defaults
+
+    schema = load_schema()
     coerce_cli_strings(config, schema)
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
-    problems = [p for e in errors for p in _problems(e)]
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    problems = [
+        p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in _problems(e)
+    ]
     if not problems:
+        fill_defaults(config, str(SCHEMA_PATH), set_default=True)
         problems = check_semantics(config)
     if problems:
         raise ConfigError(
@@ -167,7 +156,7 @@ def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict
     replaced by ``yaml.safe_load(string)`` only where the schema rejects the string and accepts
     the parsed value, so strings the schema wants (paths, names, ``auto``) are left alone.
     """
-    validator = _Validator(schema)
+    validator = jsonschema.Draft202012Validator(schema)
     for _ in range(max_rounds):
         changed = False
         for error in list(validator.iter_errors(config)):  # (collected before any change)
