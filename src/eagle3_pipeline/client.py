@@ -13,6 +13,7 @@ on a client built here with ``max_retries=0``.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 # The fields of a chat request the openai client takes as arguments; vLLM's own ones
 # (return_token_ids, chat_template_kwargs, ...) travel in extra_body.
@@ -21,42 +22,36 @@ CHAT_ARGS = frozenset(
 )
 
 
-def _local(base_url: str) -> bool:
-    from urllib.parse import urlsplit
-
-    return urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+def _options(base_url: str, http_client_class, api_key, timeout, max_retries) -> dict:
+    # A managed server on this host is reached directly, whatever proxy the environment names.
+    local = urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    return {
+        "base_url": base_url,
+        "api_key": api_key or "EMPTY",
+        "timeout": timeout,
+        "max_retries": max_retries,
+        "http_client": http_client_class(trust_env=False) if local else None,
+    }
 
 
 def async_client(
     base_url: str, *, api_key: str | None = None, timeout: float, max_retries: int
 ) -> Any:
-    """An ``openai.AsyncOpenAI`` for ``base_url`` (ending in ``/v1``). A managed server on this
-    host is reached directly, whatever proxy the environment names."""
+    """An ``openai.AsyncOpenAI`` for ``base_url`` (ending in ``/v1``)."""
     import openai
 
-    http = openai.DefaultAsyncHttpxClient(trust_env=False) if _local(base_url) else None
-    return openai.AsyncOpenAI(
-        base_url=base_url,
-        api_key=api_key or "EMPTY",
-        timeout=timeout,
-        max_retries=max_retries,
-        http_client=http,
-    )
+    opts = _options(base_url, openai.DefaultAsyncHttpxClient, api_key, timeout, max_retries)
+    return openai.AsyncOpenAI(**opts)
 
 
 def sync_client(
     base_url: str, *, api_key: str | None = None, timeout: float, max_retries: int
 ) -> Any:
-    """An ``openai.OpenAI`` for ``base_url`` (ending in ``/v1``), as :func:`async_client`."""
+    """An ``openai.OpenAI`` for ``base_url`` (ending in ``/v1``)."""
     import openai
 
-    http = openai.DefaultHttpxClient(trust_env=False) if _local(base_url) else None
     return openai.OpenAI(
-        base_url=base_url,
-        api_key=api_key or "EMPTY",
-        timeout=timeout,
-        max_retries=max_retries,
-        http_client=http,
+        **_options(base_url, openai.DefaultHttpxClient, api_key, timeout, max_retries)
     )
 
 
