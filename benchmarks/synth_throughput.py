@@ -4,8 +4,8 @@
 
 Starts one vLLM server on the target (default: the packaged SmolLM2, materialized under
 tests/.cache) with prefix caching off, then alternates runs of (a) the pipeline's synth client
-(journaling every record, retries, progress) and (b) a bare aiohttp client firing the same
-requests, in the order a b b a ..., and reports completion tokens/s of each and the ratio.
+(the openai client with retries, journaling every record, progress) and (b) a bare aiohttp
+client firing the same requests, in the order a b b a ..., and reports completion tokens/s of each and the ratio.
 Goal: ratio >= 0.95.
 """
 

@@ -7,16 +7,16 @@ the pipeline's shards layout (a small pool of unique files, hard-linked to as ma
 run needs), a prepare-format dataset whose rows match the pool's token ids, and a 32K draft vocab.
 Then, on the same data and with the same hyperparameters, it trains
 
-  ours   eagle3_pipeline.train.run(): config mapping, fingerprint, torchrun + train_entry,
+  ours   eagle3_pipeline.train.run(): config mapping, fingerprint, torchrun + train.entry,
          the sharded hidden-states backend, export, metrics.json
   stock  `speculators train` flags resolved by speculators' own TrainConfig.resolve() and run by
          speculators.train.cli.main(), reading the stock `file` backend from a flat directory of
          hard links to the same files
 
-Both training processes go through eagle3_pipeline.train_entry, so both get the same passive
+Both training processes go through eagle3_pipeline.train.entry, so both get the same passive
 probes (per-batch DataLoader wait, peak GPU memory, metric records) and the same device bridge
 (on GPUs only the H200 fused-loss autotune fix, without which stock speculators crashes at step 0
-there; FACTS.md). Reported per run: steady-state tokens/s and s/step (first --warmup steps
+there; docs/dependencies.md). Reported per run: steady-state tokens/s and s/step (first --warmup steps
 excluded), DataLoader wait per step vs step time, trainer-profiled step phases, peak GPU memory;
 and ours/stock.
 
@@ -327,6 +327,7 @@ def hyper(s: dict, args, gpu: bool) -> dict:
 
 def run_ours(work: Path, data: dict, h: dict, val_fraction: float, gpus: int) -> dict:
     from eagle3_pipeline import train
+    from eagle3_pipeline.train import metrics
 
     cfg = {
         **h,
@@ -353,7 +354,7 @@ def run_ours(work: Path, data: dict, h: dict, val_fraction: float, gpus: int) ->
         log_path=str(out / "train.log"),
     )
     return {
-        "records": train.read_records(out / "work" / train.RECORDS),
+        "records": metrics.read_records(out / "work" / metrics.RECORDS),
         "wall_s": time.time() - t0,
         "log": str(out / "train.log"),
     }
@@ -424,7 +425,7 @@ def stock_flags(work: Path, data: dict, h: dict, verifier: str, val_fraction: fl
 def run_stock(
     work: Path, data: dict, h: dict, verifier: str, val_fraction: float, gpus: int
 ) -> dict:
-    from eagle3_pipeline import train
+    from eagle3_pipeline.train import launcher, metrics
 
     out = work / "stock"
     shutil.rmtree(out, ignore_errors=True)
@@ -432,7 +433,7 @@ def run_stock(
     records = out / "metrics.jsonl"
     entry = [
         "-m",
-        "eagle3_pipeline.train_entry",
+        "eagle3_pipeline.train.entry",
         "--stock",
         str(records),
         "--",
@@ -453,12 +454,12 @@ def run_stock(
     (out / "command.txt").write_text(" ".join(cmd) + "\n")
     t0 = time.time()
     with open(out / "train.log", "wb") as fh:
-        rc = subprocess.call(cmd, env=train.child_env(gpus), stdout=fh, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, env=launcher.child_env(gpus), stdout=fh, stderr=subprocess.STDOUT)
     if rc != 0:
         tail = (out / "train.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"stock run failed (rc {rc}); log tail:\n{tail}")
     return {
-        "records": train.read_records(records),
+        "records": metrics.read_records(records),
         "wall_s": time.time() - t0,
         "log": str(out / "train.log"),
     }

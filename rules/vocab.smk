@@ -1,7 +1,7 @@
 rule vocab:
     """Draft vocabulary map (d2t/t2d) from the loss-masked token frequencies, with coverage."""
     input:
-        records=out("synth/synth.jsonl.zst"),
+        dataset=out("prepare/dataset"),
         target=out("target/target.json"),
     output:
         d2t=out("vocab/d2t.npy"),

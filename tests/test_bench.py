@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import bench, report
+from eagle3_pipeline import bench, consistency, report
 from eagle3_pipeline.fileio import write_json
 
 POS = bench.PER_POS
@@ -34,7 +34,11 @@ def test_acceptance_from_counter_deltas():
     assert a["per_position"] == pytest.approx([0.7, 0.5, 0.3])
 
 
-def test_scrape_parses_vllm_prometheus_text(monkeypatch):
+def test_scrape_parses_vllm_prometheus_text():
+    """Through the pipeline's HTTP client from a real local server (/metrics, outside /v1)."""
+    import http.server
+    import threading
+
     text = (
         "# TYPE vllm:spec_decode_num_drafts counter\n"
         'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0\n'
@@ -48,22 +52,27 @@ def test_scrape_parses_vllm_prometheus_text(monkeypatch):
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0\n'
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0\n'
     )
+    paths = []
 
-    class Resp:
-        def __init__(self, body):
-            self.body = body
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            paths.append(self.path)
+            body = text.encode() if self.path == "/metrics" else b"not here"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-        def read(self):
-            return self.body.encode()
+        def log_message(self, *args):
+            pass
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr(bench.urllib.request, "urlopen", lambda url, timeout: Resp(text))
-    c = bench.scrape("http://127.0.0.1:1/v1")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        c = bench.scrape(f"http://127.0.0.1:{server.server_address[1]}/v1")
+    finally:
+        server.shutdown()
+    assert paths == ["/metrics"]
     assert c[bench.SPEC_COUNTERS[0]] == 40 and c[bench.SPEC_COUNTERS[2]] == 50
     assert c[POS] == {0: 30.0, 1: 15.0, 2: 5.0}
 
@@ -147,29 +156,50 @@ def test_measured_far_below_predicted_flags_a_mismatch():
 @pytest.fixture(scope="module")
 def trained(resumed_run, fixture_data):
     """The drafter the train tests trained (once per session) on real SmolLM2 hidden states."""
-    manifest = json.loads(Path(fixture_data["manifest"]).read_text())
     return {
         "dir": Path(resumed_run["kwargs"]["drafter_dir"]),
-        "aux_layer_ids": manifest["aux_layer_ids"],
+        "manifest": json.loads(Path(fixture_data["manifest"]).read_text()),
+        "vocab_map": (fixture_data["d2t"], fixture_data["t2d"]),
     }
 
 
 def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
+    """The one checker train and bench call: a clean drafter passes, each slip is named."""
+    import numpy as np
+
     from eagle3_pipeline.target import load_info
 
     target = load_info(target_json)
-    manifest = {"aux_layer_ids": trained["aux_layer_ids"]}
-    assert bench.consistency(trained["dir"], manifest, target)["ok"]
-    shifted = {"aux_layer_ids": [i + 1 for i in trained["aux_layer_ids"]]}
-    problems = bench.consistency(trained["dir"], shifted, target)["problems"]
-    assert any("differ from the extracted layers" in p for p in problems)
+    manifest = trained["manifest"]
+    configured = {"norm_before_fc": True, "norm_output": True, "sliding_window": None}
+    clean = consistency.check(
+        trained["dir"], manifest, target, configured=configured, vocab_map=trained["vocab_map"]
+    )
+    assert clean["ok"] and all(clean["checks"].values()), clean["problems"]
+    assert clean["served"]["target_model_window"] is None  # SmolLM2 has no window
+
+    def problems(**kw):
+        args = {"drafter_dir": trained["dir"], "manifest": manifest, "target": target, **kw}
+        return consistency.check(**args)["problems"]
+
+    shifted = {**manifest, "aux_layer_ids": [i + 1 for i in manifest["aux_layer_ids"]]}
+    assert any("differ from the extracted layers" in p for p in problems(manifest=shifted))
+    assert any(
+        "norm_before_fc" in p for p in problems(configured={**configured, "norm_before_fc": False})
+    )
+    other_map = tmp_path / "d2t.npy"
+    np.save(other_map, np.roll(np.load(trained["vocab_map"][0]), 1))
+    assert any(
+        "vocabulary map" in p for p in problems(vocab_map=(other_map, trained["vocab_map"][1]))
+    )
+    # a target with a model-wide window would impose it on the full-attention draft layer
+    assert any("vLLM serves the draft layers" in p for p in problems(target_window=4096))
     broken = tmp_path / "drafter"
     shutil.copytree(trained["dir"], broken)
     cfg = json.loads((broken / "config.json").read_text())
     cfg["speculators_config"]["verifier"]["name_or_path"] = "/nonexistent/model"
     (broken / "config.json").write_text(json.dumps(cfg))
-    problems = bench.consistency(broken, manifest, target)["problems"]
-    assert any("does not exist" in p for p in problems)
+    assert any("does not exist" in p for p in problems(drafter_dir=broken))
 
 
 @pytest.mark.server
@@ -186,7 +216,7 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     weights[fc] = weights[fc][:, :-7].contiguous()  # wrong shape
     save_file(weights, bad / "model.safetensors")
     manifest = tmp_path / "manifest.json"
-    write_json(manifest, {"aux_layer_ids": trained["aux_layer_ids"]})
+    write_json(manifest, trained["manifest"])
     train_metrics = tmp_path / "metrics.json"
     write_json(train_metrics, {"epochs": []})
     prompts = tmp_path / "p.jsonl"

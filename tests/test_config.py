@@ -128,7 +128,11 @@ INVALID = {
         4096,
         ["`prepare.seq_length`", "must not exceed vllm.max_model_len", "(4096 > 2048)"],
     ),
-    "fsdp on cpu": ("train.fsdp", True, ["`train.fsdp`", "FSDP needs GPUs, but train.gpus is 0"]),
+    "fsdp on cpu": (
+        "train.fsdp",
+        True,
+        ["`train.fsdp`", "FSDP needs at least 2 GPUs, but train.gpus is 0"],
+    ),
     "flex attention on cpu": (
         "train.attn_impl",
         "simple_flex_attention",

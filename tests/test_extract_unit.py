@@ -192,3 +192,13 @@ def test_gather_checks_parts_agree_and_cover_all(tmp_path):
         extract.gather([part(0, 0, 4), part(1, 5, 6)], tmp_path / "m2.json", cfg)
     with pytest.raises(extract.ExtractError, match="disagree on layer_ids"):
         extract.gather([part(0, 0, 4), part(1, 4, 6, layer_ids=[1, 2])], tmp_path / "m3.json", cfg)
+
+    # 12 parts, listed as Snakemake expands them (0, 1, ..., 11): each part's provenance names
+    # its own file, though part_10 and part_11 sort before part_2 as text
+    many = [part(k, 4 * k, 4 * k + 4, tokens=k) for k in range(12)]
+    m = extract.gather(list(reversed(many)), tmp_path / "m12.json", cfg)
+    assert m["num_samples"] == 48 and [p["part"] for p in m["parts"]] == list(range(12))
+    inputs = m["provenance"]["inputs"]
+    for k in range(12):
+        assert inputs[f"part_{k}"]["path"] == str(tmp_path / f"part_{k}.json")
+        assert json.loads(Path(inputs[f"part_{k}"]["path"]).read_text())["part"] == k

@@ -109,17 +109,6 @@ def test_check_record_valid():
     assert prepare.check_record(record("a", [1, 2], [0, 2**31 - 1])) == ([1, 2], [0, 2**31 - 1])
 
 
-def test_iter_line_chunks_splits_on_whole_lines(tmp_path):
-    rows = [record(f"r{i}", [1] * (i + 1), [2] * (3 * i + 1)) for i in range(200)]
-    path = write_records(tmp_path / "s.jsonl.zst", rows)
-    chunks = list(prepare.iter_line_chunks(path, chunk_bytes=1000))
-    assert len(chunks) > 10
-    assert all(c.endswith(b"\n") for c in chunks)
-    assert [json.loads(line)["id"] for c in chunks for line in c.splitlines()] == [
-        r["id"] for r in rows
-    ]
-
-
 # ------------------------------------------------------------------------------------------
 # The stage
 # ------------------------------------------------------------------------------------------
@@ -189,6 +178,7 @@ def test_malformed_rows_dropped_by_reason(tmp_path):
     good = [json.dumps(record(f"ok{i}", [1, 2], [3, 4, i])).encode() for i in range(3)]
     bad = [
         b'{"id": "broken", "prompt_token_ids": [1, 2',  # invalid_json
+        b'{"id": "\xff\xfe", "prompt_token_ids": [1, 2 \xc3',  # not UTF-8: invalid_json
         b"[1, 2, 3]",  # not_an_object
         b'{"prompt_token_ids": [1], "completion_token_ids": [2]}',  # missing_id
         b'{"id": "a", "prompt_token_ids": [1]}',  # missing_completion_token_ids
@@ -204,10 +194,10 @@ def test_malformed_rows_dropped_by_reason(tmp_path):
     ]
     path = write_lines(tmp_path / "synth.jsonl.zst", good[:1] + bad + good[1:])
     stats = prepare.build_dataset(path, tmp_path / "ds", tmp_path / "stats.json", SEQ, seed=3)
-    assert stats["rows_in"] == 15
+    assert stats["rows_in"] == 16
     assert stats["rows_kept"] == 3
     assert stats["dropped_by_reason"] == {
-        "invalid_json": 1,
+        "invalid_json": 2,
         "not_an_object": 1,
         "missing_id": 1,
         "missing_completion_token_ids": 1,
@@ -218,7 +208,7 @@ def test_malformed_rows_dropped_by_reason(tmp_path):
         "token_id_out_of_range": 2,
         "no_trainable_tokens": 1,
     }
-    assert stats["rows_dropped"] == 12
+    assert stats["rows_dropped"] == 13
     assert sorted(by_id(load(tmp_path / "ds"))) == ["ok0", "ok1", "ok2"]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import synth
-from eagle3_pipeline.fileio import AppendLog, iter_jsonl_zst, write_jsonl_zst
+from eagle3_pipeline.fileio import AppendLog, iter_jsonl, write_jsonl_zst
 from eagle3_pipeline.server import ServerError, external_endpoint
 
 from conftest import default_config
@@ -73,7 +73,7 @@ def test_records_carry_exact_token_ids(tmp_path, target_json, vllm_server, token
     cfg = synth_cfg(vllm_server.base_url)
     prompts = write_prompts(tmp_path / "p.jsonl.zst", 6)
     stats = run_synth(tmp_path, target_json, cfg, prompts)
-    recs = list(iter_jsonl_zst(tmp_path / "synth.jsonl.zst"))
+    recs = list(iter_jsonl(tmp_path / "synth.jsonl.zst"))
     assert [r["id"] for r in recs] == [f"t:{i}" for i in range(6)]
     assert stats["samples_ok"] == 6
     assert stats["completion_tokens"] == sum(len(r["completion_token_ids"]) for r in recs)
@@ -95,7 +95,7 @@ def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server
     run_synth(tmp_path, target_json, cfg, write_prompts(tmp_path / "p.jsonl.zst", 4))
     rec = next(
         r
-        for r in iter_jsonl_zst(tmp_path / "synth.jsonl.zst")
+        for r in iter_jsonl(tmp_path / "synth.jsonl.zst")
         if synth.check_record(tokenizer, r, {}) is None
     )
     # Text stored without what the model generated first (the seed's bug: reasoning stripped
@@ -201,7 +201,7 @@ def test_kill9_then_resume_has_no_duplicates_and_no_losses(tmp_path, target_json
     assert not (tmp_path / "synth.jsonl.zst").exists()  # nothing taken as complete
 
     stats = run_synth(tmp_path, target_json, cfg, prompts)
-    ids = [r["id"] for r in iter_jsonl_zst(tmp_path / "synth.jsonl.zst")]
+    ids = [r["id"] for r in iter_jsonl(tmp_path / "synth.jsonl.zst")]
     assert len(ids) == len(set(ids)) == n  # 0 duplicates, 0 lost
     assert stats["this_run"]["answered"] == n - len(kept)  # only the missing ones redone
     (tmp_path / "kill_resume.json").write_text(

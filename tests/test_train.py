@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import train
+from eagle3_pipeline import consistency, train
+from eagle3_pipeline.train import checkpoints, launcher, metrics, stage, trainer_config
+from eagle3_pipeline.train.fingerprint import fingerprint, prepare_work_dir
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +53,7 @@ def _args(cfg, **kw):
         cpus=16,
     )
     base.update(kw)
-    return train.trainer_args(cfg, **base)
+    return trainer_config.trainer_args(cfg, **base)
 
 
 def test_trainer_args_cpu_defaults():
@@ -84,7 +86,7 @@ def test_trainer_args_cpu_defaults():
 def test_train_module_imports_light():
     """Planning and the mapping never import torch or speculators."""
     code = (
-        "import sys, eagle3_pipeline.train as t; "
+        "import sys; from eagle3_pipeline.train import trainer_config as t; "
         "t.resolve_auto({'gpus': 0}); "
         "bad = {'torch', 'speculators', 'transformers'} & set(sys.modules); "
         "assert not bad, bad"
@@ -109,7 +111,10 @@ def test_trainer_args_gpu_and_window():
     assert args["num_workers"] == 12
     assert args["fsdp_shard"] is True
     assert args["sliding_window"] == 2048 and args["full_attention_indices"] == []
-    assert train.auto_workers(1, cpus=16) == 12 and train.auto_workers(4, cpus=16) == 2
+    assert (
+        trainer_config.auto_workers(1, cpus=16) == 12
+        and trainer_config.auto_workers(4, cpus=16) == 2
+    )
 
 
 def test_trainer_args_rejects_bad_combinations():
@@ -152,33 +157,30 @@ def test_fingerprint_invalidates_stale_checkpoints(tmp_path):
 
     inputs = _fake_inputs(tmp_path)
     params = {"lr": 0.001, "epochs": 2, "num_workers": 0, "log_freq": 1}
-    fp = train.fingerprint(train_config=params, gpus=0, **inputs)
-    assert fp == train.fingerprint(train_config=params, gpus=0, **inputs)
+    fp = fingerprint(train_config=params, gpus=0, **inputs)
+    assert fp == fingerprint(train_config=params, gpus=0, **inputs)
     # operational knobs do not invalidate; anything that changes the result does
     assert (
         fp["hash"]
-        == train.fingerprint(
-            train_config={**params, "num_workers": 4, "log_freq": 10}, gpus=0, **inputs
-        )["hash"]
+        == fingerprint(train_config={**params, "num_workers": 4, "log_freq": 10}, gpus=0, **inputs)[
+            "hash"
+        ]
     )
-    assert (
-        fp["hash"]
-        != train.fingerprint(train_config={**params, "lr": 0.002}, gpus=0, **inputs)["hash"]
-    )
-    assert fp["hash"] != train.fingerprint(train_config=params, gpus=2, **inputs)["hash"]
+    assert fp["hash"] != fingerprint(train_config={**params, "lr": 0.002}, gpus=0, **inputs)["hash"]
+    assert fp["hash"] != fingerprint(train_config=params, gpus=2, **inputs)["hash"]
 
     work = tmp_path / "work"
-    assert train.prepare_work_dir(work, fp) is False  # fresh
+    assert prepare_work_dir(work, fp) is False  # fresh
     (work / "checkpoints" / "0").mkdir(parents=True)
     (work / "logs").mkdir()
     (work / "logs" / "metrics.jsonl").write_text("{}\n")
-    assert train.prepare_work_dir(work, fp) is True  # same inputs: kept for resume
+    assert prepare_work_dir(work, fp) is True  # same inputs: kept for resume
     assert (work / "checkpoints" / "0").is_dir()
 
     np.save(inputs["d2t"], np.ones(4, dtype=np.int64))  # the vocab stage changed
-    fp2 = train.fingerprint(train_config=params, gpus=0, **inputs)
+    fp2 = fingerprint(train_config=params, gpus=0, **inputs)
     assert fp2["hash"] != fp["hash"]
-    assert train.prepare_work_dir(work, fp2) is False
+    assert prepare_work_dir(work, fp2) is False
     assert not (work / "checkpoints").exists() and not (work / "logs").exists()
     assert json.loads((work / "fingerprint.json").read_text())["hash"] == fp2["hash"]
 
@@ -206,7 +208,7 @@ def test_torn_checkpoints_are_removed(tmp_path):
     _write_checkpoint(save / "0", 0, 0, 10)
     _write_checkpoint(save / "1", 1, 4, 14)
     (save / "checkpoint_best").symlink_to("0")
-    assert train.checkpoint_problem(save / "1", scheduler=True) is None
+    assert checkpoints.checkpoint_problem(save / "1", scheduler=True) is None
     # a kill while saving: the weights of epoch 2 are torn
     _write_checkpoint(save / "2", 2, 3, 23)
     weights = save / "2" / "model.safetensors"
@@ -215,13 +217,13 @@ def test_torn_checkpoints_are_removed(tmp_path):
     (save / "interrupted").mkdir()
     # a kill during an end-of-epoch save over a mid-epoch one: state older than weights
     os.utime(save / "1" / "training_state.json", (1, 1))
-    resume = train.clean_checkpoints(save, scheduler=True, val_epochs={0})
+    resume = checkpoints.clean_checkpoints(save, scheduler=True, val_epochs={0})
     assert resume == {"epoch": 0, "local_step": 0, "global_step": 10, "removed": ["2", "1"]}
-    assert [d.name for d in train.epoch_dirs(save)] == ["0"]
+    assert [d.name for d in checkpoints.epoch_dirs(save)] == ["0"]
     assert not (save / "epoch2_step3").is_symlink() and not (save / "interrupted").exists()
     assert (save / "checkpoint_best").resolve() == (save / "0").resolve()
     # an end-of-epoch checkpoint whose validation never ran is redone
-    assert train.clean_checkpoints(save, scheduler=True, val_epochs=set()) is None
+    assert checkpoints.clean_checkpoints(save, scheduler=True, val_epochs=set()) is None
 
 
 @pytest.mark.parametrize("storage", ["bf16", "fp8"])
@@ -283,27 +285,36 @@ def test_sharded_backend_reads_shards(tmp_path, storage):
         transfer.get_generated({})
 
 
-def test_non_torch_dataset_gets_a_torch_copy(tmp_path):
-    from datasets import Dataset, load_from_disk
+def test_training_refuses_a_dataset_not_in_torch_format(tmp_path):
+    from datasets import Dataset
 
     ds = Dataset.from_dict(
         {"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]], "seq_len": [3], "sample_id": ["a"]}
     )
     ds.save_to_disk(str(tmp_path / "plain"))
-    out = train.torch_format_dataset(tmp_path / "plain", tmp_path / "work")
-    assert out == tmp_path / "work" / "dataset"
-    assert load_from_disk(str(out)).format["type"] == "torch"
-    assert train.torch_format_dataset(out, tmp_path / "work2") == out  # already torch: as is
+    with pytest.raises(train.TrainError, match="not a dataset saved in torch format"):
+        stage.require_torch_format(tmp_path / "plain")
+    ds.set_format(type="torch")
+    ds.save_to_disk(str(tmp_path / "torch"))
+    stage.require_torch_format(tmp_path / "torch")  # as prepare writes it
 
 
 def test_sliding_window_as_vllm_serves_it():
     full = {"num_hidden_layers": 2, "layer_types": ["full_attention"] * 2, "sliding_window": 2048}
     mixed = {**full, "layer_types": ["sliding_attention", "full_attention"]}
-    assert train.trained_windows(full) == train.served_windows(full, None) == [None, None]
-    assert train.trained_windows(mixed) == train.served_windows(mixed, None) == [2048, None]
+    assert (
+        consistency.trained_windows(full) == consistency.served_windows(full, None) == [None, None]
+    )
+    assert (
+        consistency.trained_windows(mixed)
+        == consistency.served_windows(mixed, None)
+        == [2048, None]
+    )
     # a target with a model-wide window (no layer_types, e.g. Mistral-7B-v0.1): vLLM applies it
     # to draft layers that have none, so full-attention training would not be served as trained
-    assert train.served_windows(full, 4096) == [4096, 4096] != train.trained_windows(full)
+    assert (
+        consistency.served_windows(full, 4096) == [4096, 4096] != consistency.trained_windows(full)
+    )
 
 
 def test_summarize_counts_resumed_steps_once():
@@ -352,7 +363,7 @@ def test_summarize_counts_resumed_steps_once():
         ),
         rec("end", 2),
     ]
-    s = train.summarize(records, ttt_steps=1)
+    s = metrics.summarize(records, ttt_steps=1)
     e0, e1 = s["epochs"]
     assert e0["train"]["loss"] == pytest.approx(8.0)  # (9 + 8 + 7) / 3: step 2 from attempt 2
     assert e1["train"]["loss"] == pytest.approx(6.0)
@@ -367,15 +378,15 @@ def test_training_process_dies_with_a_killed_job(tmp_path):
     guard must, or a re-run would train a second time into the same directory. The exit status
     of a trainer that ends on its own passes through."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    assert train.launch([sys.executable, "-c", "import sys; sys.exit(3)"], env, None) == 3
+    assert launcher.launch([sys.executable, "-c", "import sys; sys.exit(3)"], env, None) == 3
     pidfile = tmp_path / "trainer.pid"
     job = subprocess.Popen(
         [
             sys.executable,
             "-c",
             (
-                "import sys; from eagle3_pipeline import train; "
-                "train.launch([sys.executable, '-c', 'import os, time; "
+                "import sys; from eagle3_pipeline.train import launcher; "
+                "launcher.launch([sys.executable, '-c', 'import os, time; "
                 f'open("{pidfile}", "w").write(str(os.getpid())); time.sleep(300)\'], '
                 "dict(__import__('os').environ), None)"
             ),
@@ -444,7 +455,7 @@ def test_resume_after_kill(resumed_run):
 def test_cpu_training_end_to_end(resumed_run):
     root = resumed_run["root"]
     m = json.loads((root / "drafter" / "metrics.json").read_text())
-    assert m["format"] == train.METRICS_FORMAT
+    assert m["format"] == metrics.METRICS_FORMAT
     assert m["attempts"][0]["bridges"] == [
         "local_rank->cpu",
         "accelerator.synchronize->noop",
@@ -464,9 +475,9 @@ def test_cpu_training_end_to_end(resumed_run):
     assert t["tokens_per_s"] > 0 and t["loader_wait_fraction"] is not None
     c = m["consistency"]
     assert c["ok"], c["checks"]
-    assert c["aux_layer_ids"] == [2, 15, 27]
-    assert c["trained_window_per_layer"] == c["served_window_per_layer"] == [None]
-    assert c["verifier_path_exists"]
+    assert c["drafter"]["aux_layer_ids"] == [2, 15, 27]
+    assert c["drafter"]["trained_window_per_layer"] == c["served"]["window_per_layer"] == [None]
+    assert c["drafter"]["verifier_path_exists"] and not c["problems"]
     png = (root / "drafter" / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # a re-run of a finished stage does not train again

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 
@@ -11,12 +10,6 @@ import pytest
 
 from eagle3_pipeline import fileio, prepare, vocab
 from synth_rows import record, write_lines, write_records
-
-# The fast way needs msgspec and numba (both pinned in envs/cpu-lock.txt); without them the
-# stage counts with the exact way only, and these tests of the fast way are skipped.
-HAS_FAST = all(importlib.util.find_spec(m) for m in ("msgspec", "numba"))
-needs_fast = pytest.mark.skipif(not HAS_FAST, reason="msgspec or numba missing")
-METHODS = ["json", pytest.param("fast", marks=needs_fast)]
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +130,7 @@ def test_coverage_curve():
 
 
 def mixed_rows(seed: int, n: int = 300) -> list[bytes]:
-    """Lines with every case: truncation, prompts filling the window, ties, malformed rows,
-    and rows the fast way hands to the exact one (spaces, 10-digit ids)."""
+    """Lines with every case: truncation, prompts filling the window, ties, malformed rows."""
     rng = np.random.default_rng(seed)
     lines = []
     for i in range(n):
@@ -154,127 +146,56 @@ def mixed_rows(seed: int, n: int = 300) -> list[bytes]:
     lines[50] = b'{"id":"y","prompt_token_ids":[],"completion_token_ids":[2]}'
     lines[90] = b'{"id":"z", "prompt_token_ids": [1, 2], "completion_token_ids": [7, 7, 8]}'
     lines[130] = b"not json"
-    lines[170] = b'{"id":"w","prompt_token_ids":[1234567890],"completion_token_ids":[5]}'
     lines[210] = b'{"id":"v","prompt_token_ids":[1],"completion_token_ids":[-5]}'
     return lines
 
 
-def dataset_counts(tmp_path, records, seq_length, vocab_size):
-    """Counts of the loss-masked tokens of the prepared data set."""
-    prepare.build_dataset(records, tmp_path / "ds", tmp_path / "ds.json", seq_length, seed=0)
-    import datasets
-
-    ds = datasets.load_from_disk(str(tmp_path / "ds")).with_format("numpy")
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for row in ds:
-        counts += np.bincount(row["input_ids"][row["loss_mask"] == 1], minlength=vocab_size)
-    return counts, fileio.read_json(tmp_path / "ds.json")
+def prepared(tmp_path, records, seq_length):
+    """The prepare stage's data set of ``records`` and its stats."""
+    stats = prepare.build_dataset(
+        records, tmp_path / "ds", tmp_path / "ds.json", seq_length, seed=0
+    )
+    return tmp_path / "ds", stats
 
 
-@needs_fast
 @pytest.mark.parametrize("seq_length", [16, 48, 1000])
-def test_fast_and_exact_counts_match_each_other_and_the_dataset(tmp_path, seq_length):
-    assert vocab.fast_available()
+def test_counts_are_the_loss_masked_tokens_of_the_dataset(tmp_path, seq_length):
     records = write_lines(tmp_path / "synth.jsonl.zst", mixed_rows(seq_length))
-    exact, s_exact = vocab.count_tokens(records, 512, seq_length, method="json", chunk_bytes=2048)
-    fast, s_fast = vocab.count_tokens(records, 512, seq_length, method="fast", chunk_bytes=2048)
-    assert s_fast["chunks_fast"] > 0 and s_fast["chunks_exact"] > 0
-    assert s_exact["chunks_fast"] == 0
-    assert np.array_equal(fast, exact)
-    strip = ("chunks_fast", "chunks_exact", "method")
-    assert {k: v for k, v in s_fast.items() if k not in strip} == {
-        k: v for k, v in s_exact.items() if k not in strip
-    }
+    ds_dir, ds_stats = prepared(tmp_path, records, seq_length)
+    counts, stats = vocab.count_tokens(ds_dir, 512)
 
-    from_ds, ds_stats = dataset_counts(tmp_path, records, seq_length, 512)
-    assert np.array_equal(fast, from_ds)
-    assert s_fast["tokens_counted"] == ds_stats["tokens_trainable"] == int(from_ds.sum())
-    assert s_fast["rows_counted"] == ds_stats["rows_kept"]
-    assert s_fast["rows_in"] == ds_stats["rows_in"] == 300
-    assert s_fast["dropped_by_reason"] == ds_stats["dropped_by_reason"]
-    assert s_fast["dropped_by_reason"]["invalid_json"] == 1
+    import datasets  # the reference: row by row, through the datasets library
+
+    ds = datasets.load_from_disk(str(ds_dir)).with_format("numpy")
+    expected = np.zeros(512, dtype=np.int64)
+    for row in ds:
+        expected += np.bincount(row["input_ids"][row["loss_mask"] == 1], minlength=512)
+    assert np.array_equal(counts, expected)
+    assert stats["tokens_counted"] == ds_stats["tokens_trainable"] == int(expected.sum())
+    assert stats["rows"] == ds_stats["rows_kept"] < 300
+    assert stats["tokens_total"] == ds_stats["tokens_total"]
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_counts_by_hand(tmp_path, method):
+def test_counts_by_hand(tmp_path):
     rows = [
         record("a", [9, 9], [1, 2, 2, 3]),  # seq 5: trainable 1, 2, 2
-        record("b", [9, 9, 9, 9, 9], [4, 5]),  # prompt fills the window: nothing
+        record("b", [9, 9, 9, 9, 9], [4, 5]),  # prompt fills the window: dropped by prepare
         record("c", [9], [3, 3, 3, 3, 3, 3]),
     ]  # trainable 3 x 4
-    records = write_records(tmp_path / "s.jsonl.zst", rows)
-    counts, stats = vocab.count_tokens(records, 10, 5, method=method)
+    ds_dir, _ = prepared(tmp_path, write_records(tmp_path / "s.jsonl.zst", rows), 5)
+    counts, stats = vocab.count_tokens(ds_dir, 10)
     assert counts.tolist() == [0, 1, 2, 4, 0, 0, 0, 0, 0, 0]
-    assert stats["rows_counted"] == 2
-    assert stats["dropped_by_reason"] == {"no_trainable_tokens": 1}
-    assert stats["tokens_counted"] == 7
-    assert stats["method"] == method
+    assert stats == {"rows": 2, "tokens_total": 10, "tokens_counted": 7}
 
 
-def test_auto_falls_back_to_the_exact_way_without_msgspec_or_numba(tmp_path, monkeypatch):
-    records = write_records(tmp_path / "s.jsonl.zst", [record("a", [1], [2, 3, 3])])
-    monkeypatch.setattr(vocab, "_fast_tools", lambda: None)
-    counts, stats = vocab.count_tokens(records, 5, 100)
-    assert stats["method"] == "json" and counts.tolist() == [0, 0, 1, 2, 0]
-    with pytest.raises(RuntimeError, match="msgspec and numba"):
-        vocab.count_tokens(records, 5, 100, method="fast")
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_token_id_beyond_target_vocab_is_an_error(tmp_path, method):
+def test_token_id_beyond_target_vocab_is_an_error(tmp_path):
     records = write_records(tmp_path / "s.jsonl.zst", [record("a", [1], [2, 10])])
+    ds_dir, _ = prepared(tmp_path / "full", records, 100)
     with pytest.raises(ValueError, match="target vocab size 10"):
-        vocab.count_tokens(records, 10, 100, method=method)
-    # ...unless truncation cuts it away
-    assert vocab.count_tokens(records, 10, 2, method=method)[0][2] == 1
-
-
-@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=needs_fast)])
-def test_parse_kernel(jit):
-    parse = vocab._fast_tools()["parse"] if jit else vocab._parse_id_arrays
-
-    def run(text: bytes, budget):
-        buf = np.frombuffer(text, dtype=np.uint8)
-        ids = np.zeros(len(text), dtype=np.int64)
-        lengths = np.zeros(len(budget), dtype=np.int64)
-        m = parse(buf, np.array(budget, dtype=np.int64), ids, lengths)
-        return m, ids[: max(m, 0)].tolist(), lengths.tolist()
-
-    assert run(b"[1,22][333][0,4,5]", [1, 5, 2]) == (4, [1, 333, 0, 4], [2, 1, 3])
-    assert run(b"[1,22][333]", [0, 0]) == (0, [], [2, 1])
-    assert run(b"[123456789]", [1]) == (1, [123456789], [1])
-    for bad, budget in [
-        (b"[]", [1]),
-        (b"[1,,2]", [3]),
-        (b"[1, 2]", [2]),
-        (b"[-1]", [1]),
-        (b"[1.0]", [1]),
-        (b"[[1]]", [1]),
-        (b"[1234567890]", [1]),
-        (b"[1][2]", [1]),
-        (b"[1]", [1, 1]),
-        (b"[1", [1]),
-        (b"1]", [1]),
-        (b'["1"]', [1]),
-        (b"[1]x", [1]),
-    ]:
-        assert run(bad, budget)[0] == -1, bad
-
-
-def test_prefetch_passes_errors_and_stops():
-    def items():
-        yield 1
-        yield 2
-        raise OSError("disk gone")
-
-    got = []
-    with pytest.raises(OSError, match="disk gone"):
-        for x in vocab.prefetch(items()):
-            got.append(x)
-    assert got == [1, 2]
-    gen = vocab.prefetch(iter(range(10**6)), depth=2)
-    assert next(gen) == 0
-    gen.close()  # the producer thread stops instead of filling memory
+        vocab.count_tokens(ds_dir, 10)
+    # ...unless truncation cut it away
+    ds_dir, _ = prepared(tmp_path / "cut", records, 2)
+    assert vocab.count_tokens(ds_dir, 10)[0][2] == 1
 
 
 # ------------------------------------------------------------------------------------------
@@ -293,13 +214,13 @@ def hand_example(tmp_path, vocab_size=3000):
     fileio.write_json(
         target, {"model_path": "/nowhere", "architecture": {"vocab_size": vocab_size}}
     )
-    return records, target
+    return prepared(tmp_path, records, 4096)[0], target
 
 
-def run_build(tmp_path, records, target, k, coverage=0.98, seq_length=4096):
+def run_build(tmp_path, dataset, target, k, coverage=0.98):
     out = tmp_path / "vocab"
     cov = vocab.build(
-        records,
+        dataset,
         target,
         out / "d2t.npy",
         out / "t2d.npy",
@@ -308,14 +229,13 @@ def run_build(tmp_path, records, target, k, coverage=0.98, seq_length=4096):
         out / "coverage.png",
         draft_vocab_size=k,
         target_coverage=coverage,
-        seq_length=seq_length,
     )
     return out, cov
 
 
 def test_build_fixed_k_outputs(tmp_path):
-    records, target = hand_example(tmp_path)
-    out, cov = run_build(tmp_path, records, target, k=1024)
+    dataset, target = hand_example(tmp_path)
+    out, cov = run_build(tmp_path, dataset, target, k=1024)
     assert cov == fileio.read_json(out / "coverage.json")
     assert cov["draft_vocab_size"] == 1024 and cov["selection"] == "fixed"
     assert cov["target_vocab_size"] == 3000
@@ -325,9 +245,9 @@ def test_build_fixed_k_outputs(tmp_path):
     assert cov["coverage_at"] == {"1024": pytest.approx(2023 / 2999), "2048": 1.0}
     # 98 % of 2999 = 2939.02 tokens: 1000 + (K - 1) >= 2939.02 -> K = 1941
     assert cov["k_for_target_coverage"] == 1941
-    assert cov["counting"]["rows_counted"] == 2
+    assert cov["counting"]["rows"] == 2
     assert cov["provenance"]["params"]["draft_vocab_size"] == 1024
-    assert set(cov["provenance"]["inputs"]) == {"records", "target"}
+    assert set(cov["provenance"]["inputs"]) == {"dataset", "target"}
 
     freq = np.load(out / "token_freq.npy")
     assert freq.dtype == np.int64 and freq.shape == (3000,)
@@ -350,9 +270,9 @@ def test_build_fixed_k_outputs(tmp_path):
 
 
 def test_build_auto_k(tmp_path, spec_build):
-    records, target = hand_example(tmp_path)
+    dataset, target = hand_example(tmp_path)
     # 50 %: 1000 + (K - 1) >= 1499.5 -> K = 501 -> 512
-    out, cov = run_build(tmp_path, records, target, k="auto", coverage=0.5)
+    out, cov = run_build(tmp_path, dataset, target, k="auto", coverage=0.5)
     assert (cov["draft_vocab_size"], cov["selection"], cov["k_for_target_coverage"]) == (
         512,
         "auto",
@@ -371,7 +291,8 @@ def test_build_on_the_real_target_vocab(tmp_path, target_json):
     records = write_records(
         tmp_path / "s.jsonl.zst", [record("a", [1, 2], [49151, 3, 3, 2]), record("b", [1], [7])]
     )
-    out, cov = run_build(tmp_path, records, target_json, k="auto", coverage=0.98)
+    dataset, _ = prepared(tmp_path, records, 4096)
+    out, cov = run_build(tmp_path, dataset, target_json, k="auto", coverage=0.98)
     assert cov["target_vocab_size"] == 49152
     assert np.load(out / "t2d.npy").shape == (49152,)
     assert cov["draft_vocab_size"] == 256 and cov["coverage"] == 1.0

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import train
+from eagle3_pipeline.train import checkpoints, metrics
 
 import hidden_states_fixture
 
@@ -73,7 +74,7 @@ def _run_kwargs(root: Path, target_json: Path, data: dict) -> dict:
 
 
 def _records(work: Path) -> list[dict]:
-    return train.read_records(work / train.RECORDS)
+    return metrics.read_records(work / metrics.RECORDS)
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +104,7 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
     killed_state = None
     try:
         while time.monotonic() - t0 < 300 and outer.poll() is None:
-            for d in train.epoch_dirs(work / train.CHECKPOINTS):
+            for d in checkpoints.epoch_dirs(work / checkpoints.CHECKPOINTS):
                 try:
                     state = json.loads((d / "training_state.json").read_text())
                 except (OSError, ValueError):
@@ -125,11 +126,11 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
         outer_log.close()
     records_before = _records(work)
     t1 = time.monotonic()
-    metrics = train.run(**kwargs)
+    train_metrics = train.run(**kwargs)
     return {
         "root": root,
         "kwargs": kwargs,
-        "metrics": metrics,
+        "metrics": train_metrics,
         "killed_state": killed_state,
         "records_before": records_before,
         "first_run_s": killed_at,

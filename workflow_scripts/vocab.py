@@ -6,7 +6,7 @@ from eagle3_pipeline.runtime import run_job
 run_job(
     snakemake,
     lambda i, o, p, log: vocab.build(
-        records_path=i.records,
+        dataset_dir=i.dataset,
         target_json=i.target,
         d2t_out=o.d2t,
         t2d_out=o.t2d,
@@ -15,6 +15,5 @@ run_job(
         plot_out=o.plot,
         draft_vocab_size=p.config["vocab"]["draft_vocab_size"],
         target_coverage=p.config["vocab"]["target_coverage"],
-        seq_length=p.config["prepare"]["seq_length"],
     ),
 )

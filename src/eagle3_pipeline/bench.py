@@ -7,25 +7,27 @@ per-position acceptance = accepted_at_pos / drafts. Throughput is output tokens 
 measured in the same job; at temperature 0 the outputs with and without the drafter are
 compared token by token.
 
-Before any server starts, the drafter's config is checked against what extraction and
-training used (layer ids, draft vocabulary, verifier path): acceptance barely moves when
-these are wrong, so they are checked structurally.
+Before any server starts, the drafter is checked against what extraction and the target say
+(:mod:`eagle3_pipeline.consistency`: layer ids, sizes, vocabulary map, sliding window, verifier
+path): acceptance barely moves when these are wrong, so they are checked structurally.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from . import client as client_lib
+from . import consistency
 from .config import RESULT_KEYS
 from .fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
 from .provenance import provenance
+from .runtime import for_each
 from .server import ServerError, VllmServer, spec_from_config
+from .stats import percentiles
 from .target import load_info
 
 log = logging.getLogger(__name__)
@@ -42,71 +44,6 @@ class BenchError(RuntimeError):
     pass
 
 
-# ---- train/serve consistency ------------------------------------------------------------------
-
-
-def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
-    """What vLLM will read from the drafter checkpoint."""
-    from safetensors import safe_open
-
-    drafter_dir = Path(drafter_dir)
-    cfg = read_json(drafter_dir / "config.json")
-    with safe_open(drafter_dir / "model.safetensors", framework="pt") as fh:
-        keys = set(fh.keys())
-        d2t_len = fh.get_slice("d2t").get_shape()[0] if "d2t" in keys else None
-        t2d_len = fh.get_slice("t2d").get_shape()[0] if "t2d" in keys else None
-    layer_cfg = cfg.get("transformer_layer_config", {})
-    spec = cfg.get("speculators_config", {})
-    return {
-        "aux_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
-        "draft_vocab_size": cfg.get("draft_vocab_size"),
-        "d2t_len": d2t_len,
-        "t2d_len": t2d_len,
-        "verifier": (spec.get("verifier") or {}).get("name_or_path"),
-        "norm_before_fc": cfg.get("norm_before_fc"),
-        "norm_output": cfg.get("norm_output"),
-        "sliding_window": layer_cfg.get("sliding_window")
-        if layer_cfg.get("use_sliding_window", True)
-        else None,
-        "target_vocab_size": layer_cfg.get("vocab_size"),
-    }
-
-
-def consistency(drafter_dir: str | Path, manifest: dict, target: dict) -> dict[str, Any]:
-    """Structural train/serve checks; each failing check is listed with what to do."""
-    f = drafter_facts(drafter_dir)
-    problems = []
-    if f["aux_layer_ids"] is not None and list(f["aux_layer_ids"]) != manifest["aux_layer_ids"]:
-        problems.append(
-            f"drafter aux layer ids {f['aux_layer_ids']} differ from the extracted "
-            f"layers {manifest['aux_layer_ids']}: re-train on this extraction"
-        )
-    if f["aux_layer_ids"] is None:
-        problems.append(
-            "drafter config has no eagle_aux_hidden_state_layer_ids: vLLM would "
-            "fall back to its own default layers"
-        )
-    if f["verifier"] is None or not Path(f["verifier"]).exists():
-        problems.append(
-            f"drafter verifier path {f['verifier']!r} does not exist: vLLM fails "
-            "offline (HFValidationError) when launched from the drafter alone"
-        )
-    elif Path(f["verifier"]).resolve() != Path(target["model_path"]).resolve():
-        problems.append(
-            f"drafter verifier {f['verifier']} is not the target {target['model_path']}"
-        )
-    if f["d2t_len"] != f["draft_vocab_size"]:
-        problems.append(
-            f"d2t has {f['d2t_len']} entries, draft_vocab_size is {f['draft_vocab_size']}"
-        )
-    if f["t2d_len"] is not None and f["t2d_len"] != target["architecture"]["vocab_size"]:
-        problems.append(
-            f"t2d covers {f['t2d_len']} target tokens, the target has "
-            f"{target['architecture']['vocab_size']}"
-        )
-    return {"drafter": f, "problems": problems, "ok": not problems}
-
-
 # ---- metrics ---------------------------------------------------------------------------------
 
 
@@ -114,9 +51,8 @@ def scrape(base_url: str) -> dict[str, Any]:
     """Spec-decode counters from the server's Prometheus endpoint."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    root = base_url.rsplit("/v1", 1)[0]
-    with urllib.request.urlopen(f"{root}/metrics", timeout=30) as r:
-        text = r.read().decode()
+    with client_lib.sync_client(base_url, timeout=30, max_retries=3) as client:
+        text = client_lib.get_text(client, "/metrics")
     out: dict[str, Any] = {name: 0.0 for name in SPEC_COUNTERS}
     per_pos: dict[int, float] = {}
     for fam in text_string_to_metric_families(text):
@@ -165,33 +101,14 @@ def predicted_acceptance_length(cond_acc: list[float], k: int) -> float | None:
 # ---- load generation ---------------------------------------------------------------------------
 
 
-async def _one(session, url: str, body: dict, timeout_s: float) -> dict:
-    import aiohttp
-
-    t0 = time.monotonic()
-    async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-        text = await r.text()
-        if r.status != 200:
-            raise BenchError(f"HTTP {r.status}: {text[:300]}")
-    data = json.loads(text)
-    choice = data["choices"][0]
-    return {
-        "latency_s": time.monotonic() - t0,
-        "token_ids": choice.get("token_ids") or [],
-        "tokens": data["usage"]["completion_tokens"],
-    }
-
-
 async def _run_set(
     base_url: str, model: str, prompts: list[dict], temperature: float, concurrency: int, cfg: dict
 ) -> dict[str, Any]:
-    import aiohttp
+    import openai
 
-    url = f"{base_url}/chat/completions"
-    sem = asyncio.Semaphore(concurrency)
     results: list[dict | None] = [None] * len(prompts)
 
-    async def go(i: int, session) -> None:
+    async def go(client, i: int) -> None:
         body = {
             "model": model,
             "messages": prompts[i]["messages"],
@@ -200,21 +117,30 @@ async def _run_set(
             "seed": 1234 + i,
             "return_token_ids": True,
         }
-        async with sem:
-            results[i] = await _one(session, url, body, cfg["request_timeout_s"])
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
         t0 = time.monotonic()
-        await asyncio.gather(*(go(i, s) for i in range(len(prompts))))
+        try:
+            data = await client_lib.chat(client, body)
+        except openai.APIError as e:
+            raise BenchError(f"request {i} failed: {type(e).__name__}: {str(e)[:300]}") from e
+        results[i] = {
+            "latency_s": time.monotonic() - t0,
+            "token_ids": data["choices"][0].get("token_ids") or [],
+            "tokens": data["usage"]["completion_tokens"],
+        }
+
+    # No retries: a retried request would distort the timing; a failure is an error.
+    client = client_lib.async_client(base_url, timeout=cfg["request_timeout_s"], max_retries=0)
+    async with client:
+        t0 = time.monotonic()
+        await for_each(range(len(prompts)), lambda i: go(client, i), concurrency)
         wall = time.monotonic() - t0
     tokens = sum(r["tokens"] for r in results)
-    lat = sorted(r["latency_s"] for r in results)
     return {
         "requests": len(prompts),
         "output_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall else None,
-        "latency_s": {"mean": sum(lat) / len(lat), "p50": lat[len(lat) // 2], "max": lat[-1]},
+        "latency_s": percentiles([r["latency_s"] for r in results], (50, 100)),
         "outputs": [r["token_ids"] for r in results],
     }
 
@@ -401,7 +327,7 @@ def run(
     target = load_info(target_json)
     manifest = read_json(manifest_path)
     drafter_dir = str(Path(drafter_dir).resolve())
-    check = consistency(drafter_dir, manifest, target)
+    check = consistency.check(drafter_dir, manifest, target)
     if not check["ok"]:
         raise BenchError(
             "the drafter does not match this run's extraction/target:\n  - "

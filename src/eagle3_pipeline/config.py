@@ -14,28 +14,13 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .train.trainer_config import device_problems
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
 
 
 class ConfigError(ValueError):
     """Invalid configuration; the message lists every problem, one per line."""
-
-
-def _with_defaults(validator_class):
-    """A validator that fills in ``default`` values while it validates."""
-    validate_properties = validator_class.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from validate_properties(validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
-
-
-_Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
@@ -100,16 +85,23 @@ def _option(schema: dict) -> str:
     return text
 
 
-def validate(config: dict, schema: dict | None = None) -> dict:
+def validate(config: dict) -> dict:
     """Validate ``config`` in place (filling defaults) and run the cross-key checks.
 
-    Raises ConfigError naming each offending key and what is expected.
+    Raises ConfigError naming each offending key and what is expected: every problem at once,
+    an unknown key with the nearest known one. Snakemake's own ``validate`` fills the defaults
+    once the config is valid (it stops at the first error, with jsonschema's message).
     """
-    schema = schema or load_schema()
+    from snakemake.utils import validate as fill_defaults
+
+    schema = load_schema()
     coerce_cli_strings(config, schema)
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
-    problems = [p for e in errors for p in _problems(e)]
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    problems = [
+        p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in _problems(e)
+    ]
     if not problems:
+        fill_defaults(config, str(SCHEMA_PATH), set_default=True)
         problems = check_semantics(config)
     if problems:
         raise ConfigError(
@@ -165,7 +157,7 @@ def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict
     replaced by ``yaml.safe_load(string)`` only where the schema rejects the string and accepts
     the parsed value, so strings the schema wants (paths, names, ``auto``) are left alone.
     """
-    validator = _Validator(schema)
+    validator = jsonschema.Draft202012Validator(schema)
     for _ in range(max_rounds):
         changed = False
         for error in list(validator.iter_errors(config)):  # (collected before any change)
@@ -278,16 +270,7 @@ def check_semantics(cfg: dict) -> list[str]:
             f"({cfg['prepare']['seq_length']} > {cfg['vllm']['max_model_len']}), "
             "or extraction cannot prefill the rows"
         )
-    if cfg["train"]["gpus"] == 0 and cfg["train"]["fsdp"]:
-        problems.append(
-            "config key `train.fsdp`: FSDP needs GPUs, but train.gpus is 0 "
-            "(training on the CPU); set train.gpus >= 2 or fsdp: false"
-        )
-    if cfg["train"]["gpus"] == 0 and cfg["train"]["attn_impl"] == "simple_flex_attention":
-        problems.append(
-            "config key `train.attn_impl`: simple_flex_attention has no CPU "
-            "backward; use sdpa when train.gpus is 0"
-        )
+    problems += device_problems(cfg["train"])
     return problems
 
 
@@ -367,7 +350,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "vllm.max_model_len",
     ),
     "prepare": ("prepare.seq_length", "prompts.seed"),
-    "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage", "prepare.seq_length"),
+    "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage"),
     "extract": (
         "extract.layer_ids",
         "extract.storage",

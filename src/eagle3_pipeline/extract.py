@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
 import logging
 import os
 import shutil
@@ -24,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from . import client as client_lib
 from . import shards
-from .fileio import AppendLog, read_json, stable_hash, write_json
+from .fileio import AppendLog, read_json, sha256_bytes, stable_hash, write_json
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import VllmServer, spec_from_config
@@ -85,10 +85,6 @@ def check_disk(root: Path, needed: int, margin: float) -> dict[str, Any]:
         )
     log.info("disk: %.2f GiB needed, %.1f GiB free", needed / 2**30, free / 2**30)
     return info
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def row_key(input_ids) -> str:
@@ -238,7 +234,7 @@ class ShardBook:
 
     def summary(self, s: int) -> dict[str, Any]:
         samples = [self.done[k] for k in self.shard_samples(s)]
-        h = hashlib.sha256("".join(e["sha256"] for e in samples).encode()).hexdigest()
+        h = sha256_bytes("".join(e["sha256"] for e in samples).encode())
         return {
             "index": s,
             "samples": [samples[0]["index"], samples[-1]["index"]],
@@ -391,7 +387,6 @@ class Extractor:
     async def run(
         self, base_url: str, model: str, todo: list[int], progress: Progress, check_alive
     ) -> None:
-        import openai
         import torch
         from speculators.data_generation.vllm_client import generate_hidden_states_async
 
@@ -440,9 +435,12 @@ class Extractor:
             thread_name_prefix="validate",
         )
         try:
-            async with openai.AsyncOpenAI(
-                base_url=base_url, api_key="EMPTY", max_retries=0
-            ) as client:
+            # speculators' request function retries (extract.retries) with its own per-attempt
+            # timeout: the client itself does not retry on top of it
+            client = client_lib.async_client(
+                base_url, timeout=self.cfg["request_timeout_s"], max_retries=0
+            )
+            async with client:
                 await for_each(todo, lambda i: one(client, i), self.cfg["concurrency"])
         finally:
             pool.shutdown(wait=True)
@@ -708,7 +706,10 @@ def enforce(v: dict, cfg: dict) -> None:
 
 def gather(parts: list, manifest_out, cfg: dict) -> dict:
     """Merge part manifests; check they agree and cover every sample exactly once."""
-    ms = sorted((read_json(p) for p in parts), key=lambda m: m["part"])
+    # Each manifest stays paired with its own file: sorted by part number, not by path text
+    # (as text, part_10.json sorts before part_2.json).
+    paired = sorted(((read_json(p), p) for p in parts), key=lambda mp: mp[0]["part"])
+    ms = [m for m, _ in paired]
     first = ms[0]
     for key in ("layer_ids", "storage", "hidden_size", "samples_per_shard", "root"):
         values = {str(m[key]) for m in ms}
@@ -755,9 +756,7 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
             "reference_max_rel_error": max((r["max_rel_error"] for r in refs), default=None),
             "reference_per_layer": refs[0]["max_rel_error_per_layer"] if refs else None,
         },
-        "provenance": provenance(
-            cfg, inputs={f"part_{m['part']}": p for m, p in zip(ms, sorted(parts))}
-        ),
+        "provenance": provenance(cfg, inputs={f"part_{m['part']}": p for m, p in paired}),
     }
     write_json(manifest_out, manifest)
     # Samples left in the reuse pool belong to rows no part has any more: free their disk.

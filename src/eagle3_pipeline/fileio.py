@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,25 +60,38 @@ def write_jsonl_zst(path: str | os.PathLike, rows: Iterable[dict], level: int = 
     return n
 
 
-def iter_jsonl_zst(path: str | os.PathLike) -> Iterator[dict]:
-    """Stream rows of a zstd JSONL file with bounded memory."""
+def iter_lines(
+    path: str | os.PathLike,
+    on_read: Callable[[int], Any] | None = None,
+    errors: str = "strict",
+) -> Iterator[str]:
+    """Text lines of a plain, ``.zst`` or ``.gz`` file, streamed with bounded memory: the one
+    reader of (compressed) JSONL. ``on_read(n)`` is told of the ``n`` bytes read from disk since
+    its last call (compressed bytes: a progress bar's total is the file size). ``errors``: how
+    bytes that are not UTF-8 are decoded (``str.decode``)."""
+    path = Path(path)
     with open(path, "rb") as raw:
-        dctx = zstandard.ZstdDecompressor()
-        with dctx.stream_reader(raw) as zr:
-            for line in io.TextIOWrapper(zr, encoding="utf-8"):
-                if line.strip():
-                    yield json.loads(line)
+        if path.name.endswith(".zst"):
+            stream: Any = zstandard.ZstdDecompressor().stream_reader(raw)
+        elif path.name.endswith(".gz"):
+            stream = gzip.GzipFile(fileobj=raw)
+        else:
+            stream = raw
+        reported = 0
+        for i, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors=errors)):
+            if on_read is not None and i % 1024 == 0:
+                on_read(raw.tell() - reported)
+                reported = raw.tell()
+            yield line
+        if on_read is not None:
+            on_read(path.stat().st_size - reported)
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    path = Path(path)
-    if path.suffix == ".zst":
-        yield from iter_jsonl_zst(path)
-        return
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)
+    """Rows of a JSONL file (plain, ``.zst`` or ``.gz``); blank lines are skipped."""
+    for line in iter_lines(path):
+        if line.strip():
+            yield json.loads(line)
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
@@ -173,6 +187,16 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_tree(root: str | os.PathLike) -> str:
+    """Content hash of a directory (a saved dataset): every file's path relative to ``root`` and
+    its sha256, in path order. Two copies of the same content hash alike wherever they lie."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
 
 
 def stable_hash(obj: Any) -> str:

@@ -14,9 +14,8 @@ context for the same reason.
 
 A row is dropped, and counted by reason in ``stats.json``, when it is malformed (see
 :func:`check_record`) or when no trainable token survives truncation (the prompt alone fills
-``seq_length``). The ``vocab`` stage applies the very same checks and truncation (it uses
-:func:`rows_of_chunk` and :func:`truncate_lengths` from here), so its token counts are exactly
-the loss-masked tokens of this data set.
+``seq_length``). The ``vocab`` stage counts the loss-masked tokens of this data set itself
+(:func:`read_batches`), so its counts are exactly the tokens trained on.
 
 The data set is an HF Arrow data set (``datasets.save_to_disk``) in the layout
 ``speculators.train.data.ArrowDataset`` reads: columns ``input_ids`` and ``loss_mask``
@@ -36,11 +35,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-import zstandard
 
-from .fileio import sha256_file, stable_hash, write_json
+from .fileio import iter_lines, sha256_file, stable_hash, write_json
 from .provenance import provenance
 from .runtime import Progress
+from .stats import percentiles
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +49,10 @@ COMPLETION_KEY = "completion_token_ids"
 MAX_TOKEN_ID = 2**31 - 1
 # Rows per Arrow record batch while writing (bounded memory: a batch of rows, not the data set).
 WRITE_BATCH_ROWS = 1024
-# Decompressed bytes read per batch of lines.
-READ_CHUNK_BYTES = 16 << 20
 
 
 # --------------------------------------------------------------------------------------------
-# Row logic shared with the vocab stage
+# Row logic
 # --------------------------------------------------------------------------------------------
 
 
@@ -98,33 +95,6 @@ def truncate_lengths(n_prompt, n_completion, seq_length: int):
     return seq_len, n_trainable
 
 
-def iter_line_chunks(
-    path: str | os.PathLike, chunk_bytes: int = READ_CHUNK_BYTES, progress: Progress | None = None
-) -> Iterator[bytes]:
-    """Decompressed content of a zstd JSONL file in chunks of whole lines (bounded memory).
-
-    ``progress`` (total = the compressed file size) is advanced by the compressed bytes read.
-    """
-    with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr:
-        rest = b""
-        pos = 0
-        while True:
-            block = zr.read(chunk_bytes)
-            if progress is not None:
-                progress.update(raw.tell() - pos)
-                pos = raw.tell()
-            if not block:
-                break
-            cut = block.rfind(b"\n")
-            if cut < 0:
-                rest += block
-                continue
-            yield rest + block[: cut + 1]
-            rest = block[cut + 1 :]
-        if rest.strip():
-            yield rest
-
-
 NO_TRAINABLE = "no_trainable_tokens"
 
 
@@ -139,34 +109,36 @@ class Row(NamedTuple):
     n_trainable: int
 
 
-def rows_of_chunk(chunk: bytes, seq_length: int) -> Iterator[Row | str]:
-    """For each non-blank line of ``chunk``: its training :class:`Row`, or why it is dropped
-    (``invalid_json``, a :func:`check_record` reason, or ``no_trainable_tokens``)."""
-    for line in chunk.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            yield "invalid_json"
-            continue
-        checked = check_record(rec)
-        if isinstance(checked, str):
-            yield checked
-            continue
-        prompt, completion = checked
-        seq_len, n_trainable = truncate_lengths(len(prompt), len(completion), seq_length)
-        if n_trainable == 0:
-            yield NO_TRAINABLE
-            continue
-        yield Row(rec["id"], prompt, completion, int(seq_len), int(n_trainable))
+def row_of_line(line: str, seq_length: int) -> Row | str | None:
+    """The training :class:`Row` of one synth record line, why it is dropped (``invalid_json``,
+    a :func:`check_record` reason, or ``no_trainable_tokens``), or None for a blank line."""
+    if not line.strip():
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return "invalid_json"
+    checked = check_record(rec)
+    if isinstance(checked, str):
+        return checked
+    prompt, completion = checked
+    seq_len, n_trainable = truncate_lengths(len(prompt), len(completion), seq_length)
+    if n_trainable == 0:
+        return NO_TRAINABLE
+    return Row(rec["id"], prompt, completion, int(seq_len), int(n_trainable))
 
 
-def percentiles(values: np.ndarray, qs=(0, 5, 25, 50, 75, 95, 99, 100)) -> dict[str, float]:
-    if len(values) == 0:
-        return {}
-    pct = np.percentile(values, qs)
-    return {f"p{q}": float(v) for q, v in zip(qs, pct)} | {"mean": float(np.mean(values))}
+def read_batches(dataset_dir: str | os.PathLike) -> Iterator[Any]:
+    """The rows of a data set this stage wrote, as pyarrow record batches in row order, memory
+    mapped: neither ``datasets`` nor torch (its format) is imported. ``save_to_disk`` lists the
+    Arrow stream files in ``state.json`` and writes the rows in dataset order (no index map)."""
+    import pyarrow as pa
+
+    dataset_dir = Path(dataset_dir)
+    state = json.loads((dataset_dir / "state.json").read_text())
+    for entry in state["_data_files"]:
+        with pa.memory_map(str(dataset_dir / entry["filename"])) as source:
+            yield from pa.ipc.open_stream(source)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,20 +182,23 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
             v.clear()
 
     with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for chunk in iter_line_chunks(records_path, progress=progress):
-            for row in rows_of_chunk(chunk, seq_length):
-                rows_in += 1
-                if isinstance(row, str):
-                    dropped[row] += 1
-                    continue
-                truncated += len(row.prompt) + len(row.completion) > row.seq_len
-                tokens_trainable += row.n_trainable
-                batch["input_ids"].append((row.prompt + row.completion)[: row.seq_len])
-                batch["loss_mask"].append([0] * len(row.prompt) + [1] * row.n_trainable)
-                batch["seq_len"].append(row.seq_len)
-                batch["sample_id"].append(row.sample_id)
-                if len(batch["seq_len"]) >= WRITE_BATCH_ROWS:
-                    flush(writer)
+        # errors="replace": a line that is not UTF-8 is counted as invalid_json, not fatal
+        for line in iter_lines(records_path, progress.update, errors="replace"):
+            row = row_of_line(line, seq_length)
+            if row is None:
+                continue
+            rows_in += 1
+            if isinstance(row, str):
+                dropped[row] += 1
+                continue
+            truncated += len(row.prompt) + len(row.completion) > row.seq_len
+            tokens_trainable += row.n_trainable
+            batch["input_ids"].append((row.prompt + row.completion)[: row.seq_len])
+            batch["loss_mask"].append([0] * len(row.prompt) + [1] * row.n_trainable)
+            batch["seq_len"].append(row.seq_len)
+            batch["sample_id"].append(row.sample_id)
+            if len(batch["seq_len"]) >= WRITE_BATCH_ROWS:
+                flush(writer)
         flush(writer)
 
     lens = np.concatenate(seq_lens) if seq_lens else np.zeros(0, dtype=np.int64)
@@ -235,7 +210,7 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
         "rows_truncated": int(truncated),
         "tokens_total": int(lens.sum()),
         "tokens_trainable": int(tokens_trainable),
-        "seq_len": percentiles(lens),
+        "seq_len": percentiles(lens, (0, 5, 25, 50, 75, 95, 99, 100)),
     }
 
 

@@ -52,9 +52,7 @@ read are malformed, empty or over-length.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as md
-import io
 import json
 import logging
 import random
@@ -67,7 +65,15 @@ from pathlib import Path
 from typing import Any
 
 from .config import source_name
-from .fileio import sha256_file, write_json, write_jsonl, write_jsonl_zst
+from .fileio import (
+    iter_lines,
+    sha256_bytes,
+    sha256_file,
+    stable_hash,
+    write_json,
+    write_jsonl,
+    write_jsonl_zst,
+)
 from .provenance import provenance
 
 log = logging.getLogger(__name__)
@@ -243,25 +249,9 @@ def iter_sharegpt(path: str | Path | None = None, info: dict | None = None) -> I
     return iter_json_array(path or packaged_file("sharegpt"), info)
 
 
-def _iter_text_lines(path: Path) -> Iterator[str]:
-    if path.name.endswith(".zst"):
-        import zstandard
-
-        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr:
-            yield from io.TextIOWrapper(zr, encoding="utf-8")
-    elif path.name.endswith(".gz"):
-        import gzip
-
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            yield from fh
-    else:
-        with open(path, encoding="utf-8") as fh:
-            yield from fh
-
-
 def iter_jsonl_rows(path: str | Path) -> Iterator[Any]:
     """Parsed rows of a JSONL(.zst/.gz) file; a line that is not JSON yields a Malformed."""
-    for line in _iter_text_lines(Path(path)):
+    for line in iter_lines(path):
         if not line.strip():
             continue
         try:
@@ -418,10 +408,9 @@ def problem(messages: list[dict], max_chars: int) -> str | None:
     return None
 
 
-def dedupe_key(messages: list[dict]) -> bytes:
+def dedupe_key(messages: list[dict]) -> str:
     """Digest of the messages with whitespace runs collapsed (the duplicate test)."""
-    norm = [[m["role"], " ".join(m["content"].split())] for m in messages]
-    return hashlib.blake2b(json.dumps(norm, ensure_ascii=False).encode(), digest_size=16).digest()
+    return stable_hash([[m["role"], " ".join(m["content"].split())] for m in messages])
 
 
 # ----------------------------------------------------------------------------- selection
@@ -483,7 +472,7 @@ def filter_rows(
 
 def source_offset(split: str, name: str) -> int:
     """A stable per-source seed offset (does not depend on the order of sources)."""
-    return int(hashlib.sha256(f"{split}/{name}".encode()).hexdigest()[:8], 16)
+    return int(sha256_bytes(f"{split}/{name}".encode())[:8], 16)
 
 
 def select(rows: list[dict], n: int | None, seed: int) -> list[dict]:

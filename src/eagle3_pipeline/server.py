@@ -21,13 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import client as client_lib
 from . import server_guard
 
 log = logging.getLogger(__name__)
@@ -239,20 +238,27 @@ class VllmServer:
                 raise
 
     def _wait_ready(self) -> None:
+        import openai
+
         t0 = time.monotonic()
         deadline = t0 + self.spec.startup_timeout_s
-        while time.monotonic() < deadline:
-            self.check_alive()
-            if self._get("/health", timeout=2) is not None:
-                models = json.loads(self._get("/v1/models", timeout=10) or "{}")
-                self.model_name = models["data"][0]["id"]
+        # polled once a second: no retries of the client's own
+        with client_lib.sync_client(self.base_url, timeout=2, max_retries=0) as poll:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                try:
+                    client_lib.get_text(poll, "/health")
+                except openai.APIError:
+                    time.sleep(1.0)
+                    continue
+                with client_lib.sync_client(self.base_url, timeout=10, max_retries=3) as c:
+                    self.model_name = c.models.list().data[0].id
                 log.info(
                     "vLLM server ready after %.0f s (model %s)",
                     time.monotonic() - t0,
                     self.model_name,
                 )
                 return
-            time.sleep(1.0)
         tail, cause = self.tail(), self._root_cause()
         self.stop()
         raise ServerError(
@@ -260,15 +266,6 @@ class VllmServer:
             f"{self.spec.startup_timeout_s:.0f} s (raise vllm.startup_timeout_s "
             f"for big models).{cause} Last log lines:\n{tail}"
         )
-
-    def _get(self, path: str, timeout: float) -> str | None:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.port}{path}", timeout=timeout
-            ) as r:
-                return r.read().decode() if r.status == 200 else None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -338,9 +335,6 @@ class Endpoint:
         if self.server is not None:
             self.server.check_alive()
 
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
 
 def external_endpoint(
     url: str, model: str | None = None, api_key_env: str | None = None, timeout: float = 30.0
@@ -353,19 +347,17 @@ def external_endpoint(
             raise ServerError(
                 f"synth.api_key_env names {api_key_env!r}, but that environment variable is not set"
             )
+    import openai
+
     url = url.rstrip("/")
-    req = urllib.request.Request(
-        f"{url}/models", headers=({"Authorization": f"Bearer {api_key}"} if api_key else {})
-    )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            models = json.loads(r.read())
-    except (urllib.error.URLError, OSError) as e:
+        with client_lib.sync_client(url, api_key=api_key, timeout=timeout, max_retries=2) as c:
+            names = [m.id for m in c.models.list().data]
+    except openai.APIError as e:
         raise ServerError(
             f"cannot reach the endpoint {url}/models: {e}. Is the server up, "
             "and does the URL end in /v1?"
         ) from e
-    names = [m["id"] for m in models.get("data", [])]
     if model and model not in names:
         raise ServerError(f"endpoint {url} serves {names}, not {model!r}")
     if not names:

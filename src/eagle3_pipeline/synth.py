@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import random
 import shutil
 import time
 import zlib
@@ -27,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import client as client_lib
 from .fileio import (
     AppendLog,
     atomic_path,
@@ -40,6 +39,7 @@ from .config import RESULT_KEYS
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
+from .stats import percentiles
 from .target import load_info
 
 log = logging.getLogger(__name__)
@@ -108,50 +108,24 @@ def parse_response(prompt: dict, data: dict, latency_s: float) -> dict[str, Any]
     }
 
 
-async def post_chat(session, endpoint: Endpoint, body: dict, timeout_s: float) -> dict:
-    import aiohttp
+async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
+    """One prompt -> one record. Transient errors (connection, timeout, 408/409/429, 5xx) have
+    been retried by the client (``synth.retries`` times, with backoff) when this raises."""
+    import openai
 
-    try:
-        async with session.post(
-            f"{endpoint.base_url}/chat/completions",
-            json=body,
-            headers=endpoint.headers(),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            text = await resp.text()
-            if 400 <= resp.status < 500 and resp.status not in (408, 429):
-                raise Rejected(f"HTTP {resp.status}: {text[:300]}")
-            if resp.status != 200:
-                raise Transient(f"HTTP {resp.status}: {text[:300]}")
-            return json.loads(text)
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
-        raise Transient(f"{type(e).__name__}: {e}") from e
-
-
-async def answer(session, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
-    """One prompt → one record, with retries and exponential backoff on transient errors."""
     body = request_body(prompt, endpoint.model, cfg)
-    attempts = cfg["retries"] + 1
-    for attempt in range(1, attempts + 1):
-        t0 = time.monotonic()
-        try:
-            data = await post_chat(session, endpoint, body, cfg["request_timeout_s"])
-            return parse_response(prompt, data, time.monotonic() - t0)
-        except Transient as e:
-            endpoint.check_alive()  # a dead server is fatal, not a retry
-            if attempt == attempts:
-                raise
-            delay = min(2**attempt, 60) * (0.5 + random.random())
-            log.warning(
-                "%s: %s (attempt %d/%d), retrying in %.1f s",
-                prompt["id"],
-                e,
-                attempt,
-                attempts,
-                delay,
-            )
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    t0 = time.monotonic()
+    try:
+        data = await client_lib.chat(client, body)
+    except openai.APIStatusError as e:
+        if 400 <= e.status_code < 500 and e.status_code not in (408, 409, 429):
+            raise Rejected(f"HTTP {e.status_code}: {str(e)[:300]}") from e
+        endpoint.check_alive()
+        raise Transient(f"HTTP {e.status_code}: {str(e)[:300]}") from e
+    except openai.APIConnectionError as e:  # timeouts included
+        endpoint.check_alive()  # a dead server is fatal, not a failed prompt
+        raise Transient(f"{type(e).__name__}: {e}") from e
+    return parse_response(prompt, data, time.monotonic() - t0)
 
 
 async def generate(
@@ -164,16 +138,14 @@ async def generate(
 ) -> Counter:
     """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives (under
     the prompt's key; a rejection also records the ``max_model_len`` it happened under)."""
-    import aiohttp
-
     outcome: Counter = Counter()
     consecutive_transient = 0
 
-    async def one(session, prompt: dict) -> None:
+    async def one(client, prompt: dict) -> None:
         nonlocal consecutive_transient
         key = prompt_key(prompt)
         try:
-            rec = await answer(session, endpoint, prompt, cfg)
+            rec = await answer(client, endpoint, prompt, cfg)
             journal.append({"status": "ok", "key": key, **rec})
             outcome["ok"] += 1
             outcome["completion_tokens"] += len(rec["completion_token_ids"])
@@ -202,9 +174,14 @@ async def generate(
                     f"(last: {e}); is the endpoint {endpoint.base_url} up?"
                 ) from e
 
-    conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
-    async with aiohttp.ClientSession(connector=conn) as session:
-        await for_each(prompts, lambda p: one(session, p), cfg["concurrency"])
+    client = client_lib.async_client(
+        endpoint.base_url,
+        api_key=endpoint.api_key,
+        timeout=cfg["request_timeout_s"],
+        max_retries=cfg["retries"],
+    )
+    async with client:
+        await for_each(prompts, lambda p: one(client, p), cfg["concurrency"])
     return outcome
 
 
@@ -506,7 +483,7 @@ def finalize(
                     outcome["completion_tokens"] / max(elapsed, 1e-9), 1
                 ),
             },
-            "latency_s": _percentiles(latencies),
+            "latency_s": percentiles(latencies),
             "template_check": {
                 "checked": written,
                 "mismatches": mismatch_total,
@@ -537,11 +514,3 @@ def finalize(
         dict(finish),
     )
     return stats
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    v = sorted(values)
-    pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": v[-1]}

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .fileio import atomic_path, sha256_file, stable_hash, write_json
+from .fileio import sha256_file, stable_hash, write_json
 from .provenance import provenance
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """The training process: speculators' own trainer, on the CPU or under torchrun.
 
-    python -m eagle3_pipeline.train_entry JOB.json                    # CPU, one process
-    torchrun --standalone --nproc-per-node N -m eagle3_pipeline.train_entry JOB.json
-    python -m eagle3_pipeline.train_entry --stock METRICS.jsonl -- <speculators train flags>
+    python -m eagle3_pipeline.train.entry JOB.json                    # CPU, one process
+    torchrun --standalone --nproc-per-node N -m eagle3_pipeline.train.entry JOB.json
+    python -m eagle3_pipeline.train.entry --stock METRICS.jsonl -- <speculators train flags>
 
 ``JOB.json`` (written by :func:`eagle3_pipeline.train.run`) holds the flat speculators
 ``TrainConfig`` fields, the hidden-states backend args and where to write metric records. The
@@ -17,9 +17,9 @@ Records (one JSON object a line, rank 0 only, flushed per line so a killed run k
 ``start`` (attempt, bridges, devices), ``hparams`` (the resolved config), ``train`` (every
 ``log_freq`` steps: speculators' metrics + its step profile), ``val`` (per epoch), ``loader``
 (per training batch: seconds the trainer waited for the DataLoader) and ``end`` (peak GPU
-memory). This module imports nothing heavy at import time and none of the pipeline's
-Snakemake-side modules, so it runs on a bare GPU machine with only torch, transformers and
-speculators installed.
+memory). Nothing heavy is imported at import time (the package's other modules import only the
+standard library and zstandard), so it runs on a bare GPU machine with only torch,
+transformers, speculators and zstandard installed.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from eagle3_pipeline.fileio import AppendLog
 
-log = logging.getLogger("eagle3_pipeline.train_entry")
+log = logging.getLogger("eagle3_pipeline.train.entry")  # __name__ is __main__ under -m
 
 
 # ---- device bridges ------------------------------------------------------------------------
@@ -55,11 +55,11 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
     4. ``checkpointer.get_current_device()`` -> ``"cpu"``: without an accelerator it returns
        ``"cuda:0"`` as the map location, so resuming from a checkpoint failed.
 
-    With an accelerator one fix is applied (FACTS.md): on an H200 (torch 2.11, triton 3.6) the
-    fused loss crashed at step 0 under torch.compile because one ``triton.autotune`` object
-    decorates both loss kernels and they share its ``configs``/``keys`` lists
-    ("ListVariable ... is already tracked for mutation"). ``loss_backward_kernel`` gets its own
-    deep copies of the two lists; the math is unchanged.
+    With an accelerator one fix is applied: on an H200 (torch 2.11, triton 3.6) the fused loss
+    crashed at step 0 under torch.compile because one ``triton.autotune`` decorator is applied to
+    both loss kernels, which then share its ``configs``/``keys`` lists ("ListVariable ... is
+    already tracked for mutation"). ``loss_backward_kernel`` gets its own deep copies of the two
+    lists; the math is unchanged. The upstream lines of all five: docs/dependencies.md.
 
     Returns the names of the bridges applied (recorded in the ``start`` record).
     """
@@ -303,7 +303,7 @@ def build_config(job: Mapping[str, Any]):
         raise SystemExit(
             f"unknown speculators TrainConfig field(s) {unknown} (from train.extra_args?)"
         )
-    argv = ["eagle3_pipeline.train_entry", str(job.get("job_path", ""))]
+    argv = ["eagle3_pipeline.train.entry", str(job.get("job_path", ""))]
     return TrainConfig.from_sources(
         cli=flat, argv=argv, backend_cli=dict(job.get("backend_args") or {})
     )
@@ -314,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if argv and argv[0] == "--stock":
         if len(argv) < 3 or argv[2] != "--":
-            raise SystemExit("usage: train_entry --stock METRICS.jsonl -- <speculators flags>")
+            raise SystemExit(
+                "usage: python -m eagle3_pipeline.train.entry --stock METRICS.jsonl -- "
+                "<speculators flags>"
+            )
         job = {"metrics_path": argv[1], "attempt": 1}
         stock_argv = argv[3:]
     elif len(argv) == 1:

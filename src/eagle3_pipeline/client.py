@@ -1,0 +1,72 @@
+"""The one HTTP client for talking to vLLM (or any OpenAI-compatible server): the ``openai``
+client, for the OpenAI routes as well as vLLM's own ``/health`` and ``/metrics``.
+
+Retries are the client's own: ``max_retries`` attempts more, with exponential backoff and
+jitter, on connection errors, timeouts and HTTP 408, 409, 429 and 5xx (and the server's
+``retry-after``); other 4xx answers are final. Each stage chooses how many: synth its
+``synth.retries``, health polls none (they poll anyway), the benchmark's measured requests none
+(a retried request would distort the timing; a failure is an error). Extraction calls
+speculators' ``generate_hidden_states_async``, which retries with its own per-attempt timeout,
+on a client built here with ``max_retries=0``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+# The fields of a chat request the openai client takes as arguments; vLLM's own ones
+# (return_token_ids, chat_template_kwargs, ...) travel in extra_body.
+CHAT_ARGS = frozenset(
+    {"model", "messages", "max_tokens", "temperature", "top_p", "seed", "n", "stop"}
+)
+
+
+def _options(base_url: str, http_client_class, api_key, timeout, max_retries) -> dict:
+    # A managed server on this host is reached directly, whatever proxy the environment names.
+    local = urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    return {
+        "base_url": base_url,
+        "api_key": api_key or "EMPTY",
+        "timeout": timeout,
+        "max_retries": max_retries,
+        "http_client": http_client_class(trust_env=False) if local else None,
+    }
+
+
+def async_client(
+    base_url: str, *, api_key: str | None = None, timeout: float, max_retries: int
+) -> Any:
+    """An ``openai.AsyncOpenAI`` for ``base_url`` (ending in ``/v1``)."""
+    import openai
+
+    opts = _options(base_url, openai.DefaultAsyncHttpxClient, api_key, timeout, max_retries)
+    return openai.AsyncOpenAI(**opts)
+
+
+def sync_client(
+    base_url: str, *, api_key: str | None = None, timeout: float, max_retries: int
+) -> Any:
+    """An ``openai.OpenAI`` for ``base_url`` (ending in ``/v1``)."""
+    import openai
+
+    return openai.OpenAI(
+        **_options(base_url, openai.DefaultHttpxClient, api_key, timeout, max_retries)
+    )
+
+
+async def chat(client: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a chat completion; the response as a plain dict, vLLM's extra fields included
+    (``prompt_token_ids``, ``choices[i].token_ids``)."""
+    args = {k: v for k, v in body.items() if k in CHAT_ARGS}
+    extra = {k: v for k, v in body.items() if k not in CHAT_ARGS}
+    response = await client.chat.completions.create(**args, extra_body=extra or None)
+    return response.model_dump()
+
+
+def get_text(client: Any, path: str) -> str:
+    """GET one of the server's own routes (``/health``, ``/metrics``: outside ``/v1``)."""
+    import httpx
+
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")
+    return client.get(f"{root}{path}", cast_to=httpx.Response).text

@@ -1,0 +1,141 @@
+"""Metric records of every training attempt (written by :mod:`.entry`) summarized per epoch,
+with throughput and resume history."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..fileio import AppendLog
+from ..stats import median
+
+METRICS_FORMAT = "eagle3-pipeline/train-metrics@1"
+RECORDS = "logs/metrics.jsonl"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    return AppendLog(path).read() if path.exists() else []
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _per_step(metrics: dict[str, Any], prefix: str, ttt: int, suffix: str = "") -> list:
+    return [metrics.get(f"{prefix}_{k}{suffix}") for k in range(ttt)]
+
+
+def summarize(
+    records: list[dict[str, Any]], ttt_steps: int, warmup_steps: int = 0
+) -> dict[str, Any]:
+    """Per-epoch train/val metrics, throughput and resume history from the records.
+
+    A step that was trained twice (after a resume) counts once, from the later attempt.
+    ``warmup_steps`` first steps of every attempt are left out of the throughput figures.
+    """
+    train: dict[int, dict] = {}
+    for r in records:
+        if r["kind"] == "train":
+            train[int(r["global_step"])] = r  # later attempts overwrite
+    val: dict[int, dict] = {}
+    for r in records:
+        if r["kind"] == "val":
+            val[int(r["epoch"])] = r
+    first_step: dict[int, int] = {}
+    for step, r in sorted(train.items()):
+        first_step.setdefault(r["attempt"], step)
+
+    epochs = sorted(set(int(r["epoch"]) for r in train.values()) | set(val))
+    per_epoch = []
+    for e in epochs:
+        steps = [r for _, r in sorted(train.items()) if int(r["epoch"]) == e]
+        tm = [r["train"] for r in steps]
+        tokens, seconds = 0.0, 0.0
+        for r in steps:
+            p = r.get("profile") or {}
+            if r["global_step"] - first_step.get(r["attempt"], 0) < warmup_steps:
+                continue
+            if p.get("step_ms") and p.get("tokens_per_s") is not None:
+                seconds += p["step_ms"] / 1000
+                tokens += p["tokens_per_s"] * p["step_ms"] / 1000
+        entry: dict[str, Any] = {
+            "epoch": e,
+            "logged_steps": len(steps),
+            "global_steps": [steps[0]["global_step"], steps[-1]["global_step"]] if steps else None,
+            "train": {
+                "loss": _mean([m.get("loss") for m in tm]),
+                "loss_per_ttt_step": [
+                    _mean([m.get(f"loss_{k}") for m in tm]) for k in range(ttt_steps)
+                ],
+                "full_acc": [_mean([m.get(f"full_acc_{k}") for m in tm]) for k in range(ttt_steps)],
+                "cond_acc": [_mean([m.get(f"cond_acc_{k}") for m in tm]) for k in range(ttt_steps)],
+            },
+            "tokens_per_s": tokens / seconds if seconds else None,
+        }
+        if e in val:
+            vm = val[e]["val"]
+            entry["val"] = {
+                "loss": vm.get("loss_epoch"),
+                "loss_per_ttt_step": _per_step(vm, "loss", ttt_steps, "_epoch"),
+                "full_acc": _per_step(vm, "full_acc", ttt_steps, "_epoch"),
+                "cond_acc": _per_step(vm, "cond_acc", ttt_steps, "_epoch"),
+            }
+        per_epoch.append(entry)
+
+    # throughput: trainer's own step profile + the loader probe
+    tokens = seconds = 0.0
+    fetch_ms, step_ms = [], []
+    for step, r in sorted(train.items()):
+        p = r.get("profile") or {}
+        if step - first_step.get(r["attempt"], 0) < warmup_steps or not p.get("step_ms"):
+            continue
+        seconds += p["step_ms"] / 1000
+        tokens += (p.get("tokens_per_s") or 0) * p["step_ms"] / 1000
+        step_ms.append(p["step_ms"])
+        fetch_ms.append(p.get("fetch_ms") or 0.0)
+    # loader probe: per batch, how long next() blocked; the interval between two batches is
+    # one whole step (wait included), so wait/interval is the share of time spent starved
+    waits, intervals = [], []
+    by_iter: dict[tuple, list] = {}
+    for r in records:
+        if r["kind"] == "loader":
+            by_iter.setdefault((r["attempt"], r["iter"]), []).append(r)
+    for rows in by_iter.values():
+        rows = [r for r in rows if r["i"] >= warmup_steps]
+        for a, b in zip(rows, rows[1:]):
+            waits.append(b["wait_s"])
+            intervals.append(b["t"] - a["t"])
+    ends = [r for r in records if r["kind"] == "end"]
+    peaks = [r.get("peak_allocated_gib") for r in ends if r.get("peak_allocated_gib")]
+    throughput = {
+        "tokens_per_s": tokens / seconds if seconds else None,
+        "step_ms_median": median(step_ms),
+        "logged_steps": len(step_ms),
+        "trainer_fetch_ms_median": median(fetch_ms),
+        "loader_wait_ms_mean": 1000 * _mean(waits) if waits else None,
+        "loader_wait_ms_max": 1000 * max(waits) if waits else None,
+        "loader_step_interval_ms_median": 1000 * median(intervals) if intervals else None,
+        "loader_wait_fraction": (sum(waits) / sum(intervals)) if intervals else None,
+        "peak_gpu_allocated_gib": max(peaks) if peaks else None,
+        "peak_gpu_reserved_gib": max((r.get("peak_reserved_gib") or 0) for r in ends) or None,
+        "warmup_steps_excluded": warmup_steps,
+        "note": "tokens/s from the trainer's profile of logged steps (every log_freq); loader "
+        "wait = time next() on the DataLoader blocked, per batch",
+    }
+    starts = [r for r in records if r["kind"] == "start"]
+    attempts = []
+    for s in starts:
+        a = s["attempt"]
+        attempts.append(
+            {
+                "attempt": a,
+                "bridges": s.get("bridges"),
+                "world_size": s.get("world_size"),
+                "device": s.get("device_name"),
+                "first_global_step": first_step.get(a),
+                "clean_exit": any(r["attempt"] == a and r.get("ok", True) for r in ends),
+            }
+        )
+    return {"epochs": per_epoch, "throughput": throughput, "attempts": attempts}

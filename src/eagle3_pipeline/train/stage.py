@@ -1,0 +1,213 @@
+"""The train stage itself: map the config, keep or discard earlier checkpoints, launch
+speculators' trainer, export the best checkpoint, write metrics, plot and consistency record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import consistency
+from ..fileio import AppendLog, read_json, write_json
+from ..provenance import provenance
+from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
+from .errors import TrainError
+from .export import export_checkpoint
+from .fingerprint import fingerprint, prepare_work_dir
+from .launcher import child_env, launch, launch_command
+from .metrics import METRICS_FORMAT, RECORDS, read_records, summarize
+from .plot import plot
+from .trainer_config import draft_vocab_size_of, resolve_auto, trainer_args
+
+log = logging.getLogger(__name__)
+
+
+def require_torch_format(dataset_dir: Path) -> None:
+    """speculators' ArrowDataset compares tensors, so the dataset must be saved in torch format
+    (as prepare and speculators' prepare-data save it)."""
+    state = dataset_dir / "state.json"
+    if not (state.exists() and json.loads(state.read_text()).get("_format_type") == "torch"):
+        raise TrainError(
+            f"{dataset_dir} is not a dataset saved in torch format (set_format('torch')), as the "
+            "prepare stage writes it"
+        )
+
+
+def run(
+    target_json: str,
+    dataset_dir: str,
+    manifest_path: str,
+    d2t: str,
+    t2d: str,
+    drafter_dir: str,
+    metrics_out: str,
+    plot_out: str,
+    cfg: dict[str, Any],
+    work_dir: str,
+    log_path: str | None = None,
+) -> dict[str, Any]:
+    """Train (or resume) and export the drafter; returns the metrics written."""
+    t0 = time.time()
+    target_info = read_json(target_json)
+    verifier = str(Path(target_info["model_path"]).resolve())
+    manifest_path = Path(manifest_path).resolve()
+    manifest = read_json(manifest_path)
+    hs_root = Path(manifest.get("root") or manifest_path.parent).resolve()
+    work = Path(work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    gpus = int(cfg.get("gpus", 0))
+    target_window = consistency.target_model_window(verifier)
+    if cfg.get("sliding_window") is None and target_window is not None:
+        log.warning(
+            "vLLM applies the target's model-wide sliding window (%d) to draft layers "
+            "without one: training the drafter with the same window",
+            target_window,
+        )
+        cfg = {**cfg, "sliding_window": target_window}
+    dataset_dir = str(Path(dataset_dir).resolve())
+    require_torch_format(Path(dataset_dir))
+    d2t, t2d = Path(d2t).resolve(), Path(t2d).resolve()
+    k = draft_vocab_size_of(d2t)
+    save_path = work / CHECKPOINTS
+    records_path = work / RECORDS
+
+    train_config, backend_args = trainer_args(
+        cfg,
+        verifier_path=verifier,
+        dataset_dir=dataset_dir,
+        hidden_states_root=str(hs_root),
+        aux_layer_ids=manifest["aux_layer_ids"],
+        d2t_path=str(d2t),
+        t2d_path=str(t2d),
+        draft_vocab_size=k,
+        save_path=str(save_path),
+        log_dir=str(work / "logs"),
+    )
+    fp = fingerprint(
+        train_config=train_config,
+        gpus=gpus,
+        dataset_dir=dataset_dir,
+        manifest_path=manifest_path,
+        d2t=d2t,
+        t2d=t2d,
+        verifier_path=verifier,
+    )
+    kept = prepare_work_dir(work, fp)
+    scheduler = train_config["scheduler_type"] != "none"
+    log.info(
+        "train: %d epoch(s), %s, draft vocab %d, aux layers %s, %s",
+        cfg["epochs"],
+        f"{gpus} GPU(s)" if gpus else "CPU",
+        k,
+        manifest["aux_layer_ids"],
+        "resuming from work dir" if kept else "fresh work dir",
+    )
+
+    AppendLog(records_path).open()  # drop a line torn by a kill
+    AppendLog(records_path).close()
+    records = read_records(records_path)
+    val_epochs = {int(r["epoch"]) for r in records if r["kind"] == "val"}
+    resume = clean_checkpoints(save_path, scheduler, val_epochs)
+    if training_finished(save_path, int(train_config["epochs"]), val_epochs):
+        log.info("training already complete in %s", save_path)
+    else:
+        attempt = 1 + max((r["attempt"] for r in records if r["kind"] == "start"), default=0)
+        if resume:
+            log.info(
+                "resuming from checkpoint epoch %d (local step %d, global step %d)",
+                resume["epoch"],
+                resume["local_step"],
+                resume["global_step"],
+            )
+        job = {
+            "train_config": train_config,
+            "backend_args": backend_args,
+            "metrics_path": str(records_path),
+            "attempt": attempt,
+            "resume_from": resume,
+            "fingerprint": fp["hash"],
+        }
+        job_path = work / "job.json"
+        write_json(job_path, job)
+        cmd = launch_command(job_path, gpus)
+        log.info("launching attempt %d: %s", attempt, " ".join(cmd))
+        rc = launch(cmd, child_env(gpus), log_path)
+        val_epochs = {int(r["epoch"]) for r in read_records(records_path) if r["kind"] == "val"}
+        if rc != 0 or not training_finished(save_path, int(train_config["epochs"]), val_epochs):
+            # speculators returns normally after saving its SIGTERM ("interrupted") checkpoint
+            problem = (
+                f"exited with status {rc}"
+                if rc
+                else "stopped before the last epoch was trained and validated"
+            )
+            raise TrainError(
+                f"training process {problem} (see the log); the checkpoints in "
+                f"{save_path} are kept and a re-run resumes from them"
+            )
+
+    records = read_records(records_path)
+    best = best_checkpoint(save_path)
+    drafter = Path(drafter_dir)
+    export_checkpoint(best, drafter, verifier)
+    # the first step of each attempt (worker start, compilation) is left out of throughput
+    summary = summarize(records, int(train_config["ttt_steps"]), warmup_steps=1)
+    cons = consistency.check(
+        drafter,
+        manifest,
+        target_info,
+        configured=resolve_auto(cfg),
+        vocab_map=(d2t, t2d),
+        target_window=target_window,
+    )
+    best_val = None
+    vm = best / "val_metrics.json"
+    if vm.exists():
+        best_val = json.loads(vm.read_text()).get("loss_epoch")
+    metrics = {
+        "format": METRICS_FORMAT,
+        "best_epoch": int(best.name) if best.name.isdigit() else None,
+        "best_val_loss": best_val,
+        **summary,
+        "consistency": cons,
+        "config": {
+            "ttt_steps": int(train_config["ttt_steps"]),
+            "resolved": resolve_auto(cfg),
+            "trainer": train_config,
+            "launch": launch_command(work / "job.json", gpus),
+        },
+        "fingerprint": fp["hash"],
+        "wall_s": time.time() - t0,
+        "provenance": provenance(
+            cfg,
+            {
+                "target": target_json,
+                "dataset": dataset_dir,
+                "manifest": manifest_path,
+                "d2t": d2t,
+                "t2d": t2d,
+            },
+        ),
+    }
+    plot(metrics, records, plot_out)
+    write_json(metrics_out, metrics)
+    if not cons["ok"]:
+        raise TrainError(
+            "train/serve consistency checks failed (details in "
+            f"{metrics_out}):\n  - " + "\n  - ".join(cons["problems"])
+        )
+    last = metrics["epochs"][-1] if metrics["epochs"] else {}
+    log.info(
+        "drafter exported to %s (epoch %s, val loss %s, val full acc %s, %s tok/s)",
+        drafter,
+        metrics["best_epoch"],
+        best_val,
+        [round(a, 3) if a is not None else None for a in last.get("val", {}).get("full_acc", [])],
+        _fmt(metrics["throughput"]["tokens_per_s"]),
+    )
+    return metrics
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
