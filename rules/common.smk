@@ -41,7 +41,7 @@ if os.getenv("SLURM_JOB_ID"):
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.target import defining_files
-from eagle3_pipeline.workflow import code_hash
+from eagle3_pipeline.workflow import code_hash, logic_modules
 
 try:
     cfglib.validate(config)
@@ -71,8 +71,10 @@ def bench_of(rule_name):
 
 def code(script):
     """Param: hash of the code that decides what a stage computes (its script and logic
-    modules, without comments and docstrings): a real edit re-runs the stage."""
-    return code_hash(Path(workflow.basedir) / script)
+    modules, without comments and docstrings): a real edit re-runs the stage. The text names
+    what it covers, so that a dry run's "Params have changed" says it was the code."""
+    path = Path(workflow.basedir) / script
+    return f"code {code_hash(path)} of {path.name} + {', '.join(logic_modules(path))}"
 
 
 def result(rule_name, **kw):

@@ -4,6 +4,8 @@ tests/.cache (git-ignored) and reused by every test that needs a real model."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,3 +75,41 @@ def default_config(**overrides) -> dict:
     from eagle3_pipeline import config as cfglib
 
     return cfglib.validate(cfglib.deep_update({}, overrides))
+
+
+def ci_snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+    """This checkout's workflow on the CI-sized config (tests/configs/ci.yaml) in ``workdir``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(REPO / "tests/configs/ci.yaml"),
+        "--cores",
+        "2",
+        *args,
+    ]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def ci_run(tmp_path_factory) -> Path:
+    """The working directory of one finished CI-sized run of the whole DAG, shared by the
+    end-to-end checks and the rerun matrix (which works on a copy). EAGLE3_CI_RUN=<dir> names
+    a finished one to reuse (while working on these tests; it is checked to be up to date)."""
+    if os.environ.get("EAGLE3_CI_RUN"):
+        work = Path(os.environ["EAGLE3_CI_RUN"])
+        proc = ci_snakemake(work, "-n")
+        assert "Nothing to be done" in proc.stdout + proc.stderr, "EAGLE3_CI_RUN is not finished"
+        return work
+    work = tmp_path_factory.mktemp("e2e")
+    shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under ci
+    shutil.copytree(REPO / "tests" / "data", work / "data")  # the config's user prompt files
+    proc = ci_snakemake(work)
+    log = proc.stdout + proc.stderr
+    (work / "snakemake.out").write_text(log)
+    assert proc.returncode == 0, log[-6000:]
+    return work

@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.shards import samples_digest
+
 # Short real question/answer pairs: the rows are rendered with the target's chat template and
 # the loss mask covers the assistant answer (as prepare does).
 QA = [
@@ -209,6 +211,13 @@ def build(
         "storage": storage,
         "target": {"model_path": str(target_dir), "num_layers": n_layers, "vocab_size": vocab},
         "shards": shard_list,
+        "samples_sha256": samples_digest(
+            [
+                f["sha256"]
+                for _, e in sorted(shards.items())
+                for _, f in sorted(e["files"].items(), key=lambda kv: int(kv[0][3:].split(".")[0]))
+            ]
+        ),
         "verification": {"source": "tests/hidden_states_fixture.py (transformers forward)"},
         "provenance": {"fixture": True},
     }

@@ -5,58 +5,35 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import ci_snakemake
+
 pytestmark = [pytest.mark.server, pytest.mark.e2e]
 
-REPO = Path(__file__).resolve().parents[1]
 BENCH_PLOTS = ("acceptance_per_position", "acceptance_length", "throughput")
 
 
-def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    cmd = [
-        str(Path(sys.executable).parent / "snakemake"),
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(REPO / "tests/configs/ci.yaml"),
-        "--cores",
-        "2",
-        *args,
-    ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("e2e")
-    shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under ci
-    proc = snakemake(work)
-    log = proc.stdout + proc.stderr
-    (work / "snakemake.out").write_text(log)
-    assert proc.returncode == 0, log[-6000:]
-    return work / "results" / "ci"
+def run_dir(ci_run) -> Path:
+    return ci_run / "results" / "ci"
 
 
 def test_report_numbers_are_real(run_dir):
     bench = json.loads((run_dir / "bench" / "metrics.json").read_text())
     runs = bench["runs"]
-    assert {r["prompt_set"] for r in runs} == {"mtbench", "humaneval"}
+    # two packaged sets of 3 questions and the user's file set of 2
+    sizes = {"mtbench": 3, "humaneval": 3, "mybench": 2}
+    assert [r["prompt_set"] for r in runs] == list(sizes)
     for r in runs:
         assert r["drafts"] > 0 and r["draft_tokens"] == 2 * r["drafts"]
         assert r["acceptance_length"] >= 1.0
         assert len(r["per_position"]) == 2
         assert r["baseline_tokens_per_s"] > 0 and r["tokens_per_s"] > 0
-        assert r["outputs_vs_baseline"]["compared"] == 3
+        assert r["outputs_vs_baseline"]["compared"] == sizes[r["prompt_set"]]
+    assert bench["this_run"]["servers_started"] == 2  # baseline and drafter (k=2), all sets
     assert bench["consistency"]["ok"]
     html = (run_dir / "report" / "report.html").read_text()
     for section in (
@@ -94,6 +71,6 @@ def test_every_stage_verified_its_output(run_dir):
 
 
 def test_second_run_has_nothing_to_do(run_dir):
-    proc = snakemake(run_dir.parent.parent, "-n")
+    proc = ci_snakemake(run_dir.parent.parent, "-n")
     assert proc.returncode == 0
     assert "Nothing to be done" in proc.stdout + proc.stderr

@@ -235,7 +235,7 @@ def bench_inputs(tmp_path, monkeypatch):
         return rows, 1 + len(cfg["num_speculative_tokens"])
 
     monkeypatch.setattr(bench, "measure_sets", fake_measure)
-    monkeypatch.setattr(bench, "consistency", lambda *a: {"ok": True, "problems": []})
+    monkeypatch.setattr(bench.consistency, "check", lambda *a: {"ok": True, "problems": []})
     write_json(tmp_path / "target.json", {"identity": "t", "model_path": str(tmp_path)})
     write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
     write_json(tmp_path / "metrics.json", {"epochs": []})

@@ -138,17 +138,23 @@ def _fake_inputs(tmp: Path) -> dict:
     (tmp / "ds").mkdir()
     (tmp / "ds" / "state.json").write_text('{"_format_type": "torch"}')
     (tmp / "ds" / "data-00000-of-00001.arrow").write_bytes(b"rows")
-    (tmp / "manifest.json").write_text('{"format": "x"}')
     np.save(tmp / "d2t.npy", np.zeros(4, dtype=np.int64))
     np.save(tmp / "t2d.npy", np.zeros(8, dtype=bool))
-    (tmp / "target").mkdir()
-    (tmp / "target" / "config.json").write_text("{}")
+    manifest = {
+        "samples_sha256": "abc",
+        "num_samples": 2,
+        "layer_ids": [2, 15, 27, 30],
+        "storage": "bf16",
+        "hidden_size": 576,
+        "root": str(tmp / "hs"),
+        "provenance": {"created": "2026-01-01T00:00:00+00:00"},
+    }
     return dict(
         dataset_dir=tmp / "ds",
-        manifest_path=tmp / "manifest.json",
+        manifest=manifest,
         d2t=tmp / "d2t.npy",
         t2d=tmp / "t2d.npy",
-        verifier_path=tmp / "target",
+        target={"identity": "t1", "model_path": str(tmp / "target")},
     )
 
 
@@ -156,18 +162,28 @@ def test_fingerprint_invalidates_stale_checkpoints(tmp_path):
     import numpy as np
 
     inputs = _fake_inputs(tmp_path)
-    params = {"lr": 0.001, "epochs": 2, "num_workers": 0, "log_freq": 1}
+    params = {"lr": 0.001, "epochs": 2, "num_workers": 0, "log_freq": 1, "data_path": "/a/ds"}
     fp = fingerprint(train_config=params, gpus=0, **inputs)
     assert fp == fingerprint(train_config=params, gpus=0, **inputs)
-    # operational knobs do not invalidate; anything that changes the result does
-    assert (
-        fp["hash"]
-        == fingerprint(train_config={**params, "num_workers": 4, "log_freq": 10}, gpus=0, **inputs)[
-            "hash"
-        ]
-    )
+    # operational knobs, paths, the manifest's provenance and timings and where the target
+    # lies do not invalidate; anything that changes the result does
+    same = {
+        **inputs,
+        "manifest": {**inputs["manifest"], "root": "/elsewhere", "provenance": {}},
+        "target": {"identity": "t1", "model_path": "/moved"},
+    }
+    moved = {**params, "num_workers": 4, "log_freq": 10, "data_path": "/b/ds"}
+    assert fp["hash"] == fingerprint(train_config=moved, gpus=0, **same)["hash"]
     assert fp["hash"] != fingerprint(train_config={**params, "lr": 0.002}, gpus=0, **inputs)["hash"]
     assert fp["hash"] != fingerprint(train_config=params, gpus=2, **inputs)["hash"]
+    for changed in (
+        {"manifest": {**inputs["manifest"], "samples_sha256": "abd"}},
+        {"manifest": {**inputs["manifest"], "layer_ids": [1, 15, 27, 30]}},
+        {"target": {"identity": "t2", "model_path": str(tmp_path / "target")}},
+    ):
+        assert (
+            fp["hash"] != fingerprint(train_config=params, gpus=0, **{**inputs, **changed})["hash"]
+        )
 
     work = tmp_path / "work"
     assert prepare_work_dir(work, fp) is False  # fresh
@@ -183,6 +199,14 @@ def test_fingerprint_invalidates_stale_checkpoints(tmp_path):
     assert prepare_work_dir(work, fp2) is False
     assert not (work / "checkpoints").exists() and not (work / "logs").exists()
     assert json.loads((work / "fingerprint.json").read_text())["hash"] == fp2["hash"]
+
+
+def test_training_code_is_part_of_the_fingerprint():
+    from eagle3_pipeline.train.fingerprint import TRAINING_CODE
+    from eagle3_pipeline.workflow import LOGIC, MODULE_ROLES, module_file
+
+    for name in TRAINING_CODE:
+        assert module_file(name) is not None and MODULE_ROLES[name] == LOGIC, name
 
 
 def _write_checkpoint(d: Path, epoch: int, local_step: int, global_step: int) -> None:

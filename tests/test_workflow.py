@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from smkcli import REPO, STAGES, copy_repo, downstream, env_for, parse_jobs, plan, snakemake
+from smkcli import REPO, STAGES, copy_repo, downstream, env_for, plan, snakemake
 
 DEFAULT_CONFIG = str(REPO / "config" / "config.yaml")
 CUDA_TP8 = "vllm={device: cuda, tensor_parallel_size: 8}"
@@ -411,11 +411,11 @@ def test_every_library_module_is_classified():
 
 
 def code_closures(repo: Path) -> dict[str, list[str]]:
-    """Per workflow script, the library modules it imports, transitively (module_closure)."""
+    """Per workflow script, the logic modules its code hash covers (workflow.logic_modules)."""
     prog = (
         "import json, sys; from pathlib import Path; "
-        "from eagle3_pipeline.workflow import module_closure; "
-        "print(json.dumps({p.stem: list(module_closure(p)) for p in "
+        "from eagle3_pipeline.workflow import logic_modules; "
+        "print(json.dumps({p.stem: list(logic_modules(p)) for p in "
         "sorted((Path(sys.argv[1]) / 'workflow_scripts').glob('*.py'))}))"
     )
     out = subprocess.run(
@@ -530,3 +530,16 @@ def test_code_fingerprint_sees_code_only(tmp_path):
     assert base != fp("c", '"""Doc."""\n\n\ndef f(x):\n    """Add one."""\n    return x + 2\n')
     # a string that is not a docstring is code
     assert fp("d", "X = 1\n'note'\n") != fp("e", "X = 1\n'other'\n")
+
+
+def test_infrastructure_is_a_boundary_of_a_stages_code():
+    """config imports the train stage's CPU/GPU rule for its checks; that does not make every
+    script that reads the config depend on training code."""
+    from eagle3_pipeline.workflow import logic_modules
+
+    config_imports = (REPO / "src" / "eagle3_pipeline" / "config.py").read_text()
+    assert "from .train" in config_imports
+    assert logic_modules(REPO / "workflow_scripts" / "target.py") == ("target",)
+    assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == ("prompts",)
+    assert "train.entry" in logic_modules(REPO / "workflow_scripts" / "train.py")
+    assert "vllm_connector" in logic_modules(REPO / "workflow_scripts" / "extract.py")

@@ -746,6 +746,16 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
         "bytes": sum(m["bytes"] for m in ms),
         "bytes_per_token": sum(m["bytes"] for m in ms) / max(1, sum(m["tokens"] for m in ms)),
         "shards": [s for m in ms for s in m["shards"]],
+        "samples_sha256": shards.samples_digest(
+            [
+                e["sha256"]
+                for m in ms
+                for s in m["shards"]
+                for e in sorted(
+                    shard_entries(Path(m["root"]), s["index"]), key=lambda e: e["index"]
+                )
+            ]
+        ),
         "parts": [
             {"part": m["part"], "samples": m["samples"], "this_run": m["this_run"]} for m in ms
         ],

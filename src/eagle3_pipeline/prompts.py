@@ -72,7 +72,6 @@ from .fileio import (
     stable_hash,
     write_json,
     write_jsonl,
-    write_jsonl_zst,
 )
 from .provenance import provenance
 

@@ -63,3 +63,11 @@ def part_range(num_samples: int, samples_per_shard: int, jobs: int, part: int) -
     first_shard = min(part * per_part, num_shards)
     last_shard = min(first_shard + per_part, num_shards)
     return range(first_shard * samples_per_shard, min(last_shard * samples_per_shard, num_samples))
+
+
+def samples_digest(sample_sha256: list[str]) -> str:
+    """Content id of a whole extraction: its sample files' sha256 in sample order, the same
+    however the samples are split into shards and parts (training keys its reuse on it)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(sample_sha256).encode()).hexdigest()

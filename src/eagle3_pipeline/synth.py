@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 # What every answer depends on: the result-determining keys of synth, except max_model_len,
 # which only decides which prompts are rejected (recorded per rejection, see settled()).
 JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth"] if k != "vllm.max_model_len")
+# Bump when a change alters what a journaled answer holds for the same prompt and settings (how
+# a request is built or a response is read): every answer is then asked for again.
+ANSWER_FORMAT = 1
 
 
 class SynthError(RuntimeError):
@@ -193,6 +196,7 @@ def fingerprint(target: dict, cfg: dict, vllm_cfg: dict) -> str:
     sections = {"synth": cfg, "vllm": vllm_cfg}
     return stable_hash(
         {
+            "format": ANSWER_FORMAT,
             "target": target["identity"],
             "settings": {k: sections[k.split(".")[0]][k.split(".")[1]] for k in JOURNAL_KEYS},
         }

@@ -53,7 +53,7 @@ MODULE_ROLES = {
     "train.errors": INFRASTRUCTURE,
     "train.export": LOGIC,
     "train.fingerprint": LOGIC,
-    "train.launcher": INFRASTRUCTURE,
+    "train.launcher": LOGIC,
     "train.metrics": LOGIC,
     "train.plot": LOGIC,
     "train.stage": LOGIC,
@@ -146,20 +146,6 @@ def _imported_modules(path: Path) -> frozenset[str]:
     return frozenset(m for name in found for m in _with_parents(name) if module_file(m))
 
 
-@functools.cache
-def module_closure(script: str | Path) -> tuple[str, ...]:
-    """Library modules a workflow script depends on, transitively, as sorted dotted names."""
-    todo = list(_imported_modules(Path(script)))
-    seen: set[str] = {"__init__"}
-    while todo:
-        mod = todo.pop()
-        if mod in seen:
-            continue
-        seen.add(mod)
-        todo.extend(_imported_modules(module_file(mod)) - seen)
-    return tuple(sorted(seen))
-
-
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -182,16 +168,27 @@ def code_fingerprint(path: Path) -> str:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
-def logic_modules(script: str | Path) -> list[str]:
-    """The logic modules (``MODULE_ROLES``) in a script's import closure."""
-    closure = module_closure(Path(script))
-    unknown = [m for m in closure if m not in MODULE_ROLES]
-    if unknown:
-        raise KeyError(
-            f"library modules {unknown} are not classified in eagle3_pipeline.workflow."
-            "MODULE_ROLES (logic or infrastructure)"
-        )
-    return [m for m in closure if MODULE_ROLES[m] == LOGIC]
+@functools.cache
+def logic_modules(script: str | Path) -> tuple[str, ...]:
+    """The logic modules (``MODULE_ROLES``) a script depends on: those it imports, and those
+    they import, transitively. An infrastructure module is a boundary: what it imports serves
+    how a stage runs (config validation importing the train stage's CPU/GPU rule does not make
+    every stage depend on training code)."""
+    todo = list(_imported_modules(Path(script)))
+    seen: set[str] = set()
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        if mod not in MODULE_ROLES:
+            raise KeyError(
+                f"library module {mod!r} is not classified in eagle3_pipeline.workflow."
+                "MODULE_ROLES (logic or infrastructure)"
+            )
+        seen.add(mod)
+        if MODULE_ROLES[mod] == LOGIC:
+            todo.extend(_imported_modules(module_file(mod)) - seen)
+    return tuple(sorted(m for m in seen if MODULE_ROLES[m] == LOGIC))
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import read_json, sha256_file, sha256_tree, stable_hash, write_json
+from ..workflow import modules_hash
 from .checkpoints import CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,14 @@ log = logging.getLogger(__name__)
 OPERATIONAL = frozenset(
     {"num_workers", "prefetch_factor", "log_freq", "log_dir", "logger", "run_name", "save_path"}
 )
+# Fields that are paths: what lies there is fingerprinted instead (a moved or copied run keeps
+# its finished training).
+PATHS = frozenset({"verifier_name_or_path", "data_path", "d2t_path", "t2d_path"})
+# The code that decides what is trained, besides speculators: the config mapping, the training
+# process and how it reads the data (an edit to export, metrics or plots only re-exports).
+TRAINING_CODE = ("train.trainer_config", "train.entry", "hs_backend", "shards")
+# What identifies the hidden states in their manifest (eagle3_pipeline.extract.gather).
+HIDDEN_STATES_KEYS = ("samples_sha256", "num_samples", "layer_ids", "storage", "hidden_size")
 
 
 def fingerprint(
@@ -25,31 +34,31 @@ def fingerprint(
     train_config: dict[str, Any],
     gpus: int,
     dataset_dir: str | Path,
-    manifest_path: str | Path,
+    manifest: dict[str, Any],
     d2t: str | Path,
     t2d: str | Path,
-    verifier_path: str | Path,
+    target: dict[str, Any],
 ) -> dict[str, Any]:
-    """What the checkpoints in work_dir were trained from; any change invalidates them."""
+    """What the checkpoints in work_dir were trained from, by content only: no timestamps,
+    timings or paths (manifest.json as a file holds provenance and timings), so a re-run on
+    the same content finds its finished training; any change of content invalidates it."""
     import importlib.metadata as md
 
     try:
         spec_version = md.version("speculators")
     except md.PackageNotFoundError:
         spec_version = None
-    verifier_cfg = Path(verifier_path) / "config.json"
+    skip = OPERATIONAL | PATHS
     parts = {
-        "params": {k: v for k, v in sorted(train_config.items()) if k not in OPERATIONAL},
+        "params": {k: v for k, v in sorted(train_config.items()) if k not in skip},
         "world_size": max(1, int(gpus)),
         "dataset": sha256_tree(dataset_dir),
-        "manifest": sha256_file(manifest_path),
+        "hidden_states": {k: manifest[k] for k in HIDDEN_STATES_KEYS},
         "d2t": sha256_file(d2t),
         "t2d": sha256_file(t2d),
-        "verifier": {
-            "path": str(verifier_path),
-            "config": sha256_file(verifier_cfg) if verifier_cfg.exists() else None,
-        },
+        "target": target["identity"],
         "speculators": spec_version,
+        "code": modules_hash(list(TRAINING_CODE)),
     }
     return {"hash": stable_hash(parts), "parts": parts}
 

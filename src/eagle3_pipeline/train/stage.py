@@ -89,10 +89,10 @@ def run(
         train_config=train_config,
         gpus=gpus,
         dataset_dir=dataset_dir,
-        manifest_path=manifest_path,
+        manifest=manifest,
         d2t=d2t,
         t2d=t2d,
-        verifier_path=verifier,
+        target=target_info,
     )
     kept = prepare_work_dir(work, fp)
     scheduler = train_config["scheduler_type"] != "none"
@@ -108,10 +108,12 @@ def run(
     AppendLog(records_path).open()  # drop a line torn by a kill
     AppendLog(records_path).close()
     records = read_records(records_path)
+    steps_before = sum(r["kind"] == "train" for r in records)
     val_epochs = {int(r["epoch"]) for r in records if r["kind"] == "val"}
     resume = clean_checkpoints(save_path, scheduler, val_epochs)
-    if training_finished(save_path, int(train_config["epochs"]), val_epochs):
-        log.info("training already complete in %s", save_path)
+    reused = training_finished(save_path, int(train_config["epochs"]), val_epochs)
+    if reused:
+        log.info("training already complete in %s: exporting it again", save_path)
     else:
         attempt = 1 + max((r["attempt"] for r in records if r["kind"] == "start"), default=0)
         if resume:
@@ -148,6 +150,10 @@ def run(
             )
 
     records = read_records(records_path)
+    this_run = {
+        "reused": reused,
+        "trained_steps": sum(r["kind"] == "train" for r in records) - steps_before,
+    }
     best = best_checkpoint(save_path)
     drafter = Path(drafter_dir)
     export_checkpoint(best, drafter, verifier)
@@ -178,6 +184,7 @@ def run(
             "launch": launch_command(work / "job.json", gpus),
         },
         "fingerprint": fp["hash"],
+        "this_run": this_run,
         "wall_s": time.time() - t0,
         "provenance": provenance(
             cfg,

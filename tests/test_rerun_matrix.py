@@ -1,0 +1,263 @@
+"""What a change to a finished run re-runs, on a real CI-sized run (tests/configs/ci.yaml).
+
+Each row applies one change to a copy of the finished run and asserts the exact jobs
+`snakemake -n` plans. The starred rows of the issue then re-run for real and assert, from the
+stages' own records, that no vLLM server started and no training step ran: a needless re-run
+costs seconds (benchmarks/rerun_costs.py measures what each row costs on the default config).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from smkcli import REPO, copy_repo, parse_jobs, snakemake
+
+pytestmark = [pytest.mark.server, pytest.mark.e2e]
+
+CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
+CI = yaml.safe_load(CI_CONFIG.read_text())
+EVERYTHING_AFTER_PROMPTS = [
+    "synth",
+    "prepare",
+    "vocab",
+    "extract[part=0]",
+    "extract[part=1]",
+    "extract_gather",
+    "train",
+    "bench",
+    "report",
+]
+
+
+@pytest.fixture(scope="module")
+def copy(ci_run, tmp_path_factory):
+    """(repo, work): a copy of the workflow (for code edits) and of the finished run."""
+    base = tmp_path_factory.mktemp("matrix")
+    repo = base / "repo"
+    repo.mkdir()
+    copy_repo(repo)
+    work = base / "work"
+    # The materialized target model is only read (target.json names it where it is).
+    shutil.copytree(ci_run, work, symlinks=True, ignore=shutil.ignore_patterns("model"))
+    assert planned(repo, work) == [], "the copy of a finished run must have nothing to do"
+    return repo, work
+
+
+def config_args(*extra_configs: Path) -> list[str]:
+    """The CI config, then changes on top of it (later config files win)."""
+    return ["--configfile", str(CI_CONFIG), *map(str, extra_configs)]
+
+
+def job_names(jobs) -> list[str]:
+    names = []
+    for j in jobs:
+        if j.rule == "all":
+            continue
+        wc = j.wildcards
+        names.append(j.rule + (f"[{', '.join(f'{k}={v}' for k, v in wc.items())}]" if wc else ""))
+    return sorted(names)
+
+
+def planned(repo: Path, work: Path, *args: str, configs: tuple = ()) -> list[str]:
+    out = snakemake("-n", *config_args(*configs), *args, repo=repo, workdir=work).output
+    return job_names(parse_jobs(out))
+
+
+def with_config(tmp_path: Path, repo: Path, work: Path, change: dict) -> list[str]:
+    extra = tmp_path / "change.yaml"
+    extra.write_text(yaml.safe_dump(change))
+    return planned(repo, work, configs=(extra,))
+
+
+@contextlib.contextmanager
+def edited(path: Path, text: str):
+    """``path`` holds ``text`` inside the block; content and mtime are restored afterwards."""
+    old, st = path.read_text(), path.stat()
+    path.write_text(text)
+    try:
+        yield
+    finally:
+        path.write_text(old)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+# ---- dry-run rows --------------------------------------------------------------------------
+
+
+def test_add_a_benchmark_set(copy, tmp_path):
+    repo, work = copy
+    (work / "data" / "extra.jsonl").write_text('{"prompt": "Name a color."}\n')
+    change = {
+        "prompts": {
+            "bench": CI["prompts"]["bench"]
+            + [{"name": "extra", "source": "file", "path": "data/extra.jsonl"}]
+        },
+        "bench": {"prompt_sets": CI["bench"]["prompt_sets"] + ["extra"]},
+    }
+    assert with_config(tmp_path, repo, work, change) == sorted(
+        ["prompts_bench[name=extra]", "bench", "report"]
+    )
+
+
+def test_remove_a_benchmark_set(copy, tmp_path):
+    repo, work = copy
+    change = {"bench": {"prompt_sets": ["mtbench", "mybench"]}}
+    assert with_config(tmp_path, repo, work, change) == ["bench", "report"]
+
+
+def test_edit_a_benchmark_set_definition(copy, tmp_path):
+    repo, work = copy
+    sets = [dict(s) for s in CI["prompts"]["bench"]]
+    sets[0]["n"] = 2  # mtbench: 3 -> 2 questions
+    assert with_config(tmp_path, repo, work, {"prompts": {"bench": sets}}) == sorted(
+        ["prompts_bench[name=mtbench]", "bench", "report"]
+    )
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("num_speculative_tokens", [1, 2]),
+        ("temperatures", [0.0, 0.5]),
+        ("concurrency", [2]),
+        ("max_tokens", 16),
+        ("min_acceptance_length", 1.5),
+        ("min_measured_to_predicted", 0.3),
+    ],
+)
+def test_bench_keys(copy, tmp_path, key, value):
+    repo, work = copy
+    assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == ["bench", "report"]
+
+
+def test_edit_a_training_prompt_file(copy):
+    repo, work = copy
+    path = work / "data" / "ci_train.jsonl"
+    text = path.read_text().replace("three tips", "four tips")
+    with edited(path, text):
+        jobs = planned(repo, work)
+    assert jobs == sorted(["prompts_train", *EVERYTHING_AFTER_PROMPTS])
+
+
+def test_edit_a_benchmark_prompt_file(copy):
+    repo, work = copy
+    path = work / "data" / "ci_bench.jsonl"
+    with edited(path, path.read_text().replace("five prime", "six prime")):
+        jobs = planned(repo, work)
+    assert jobs == sorted(["prompts_bench[name=mybench]", "bench", "report"])
+
+
+def test_operational_keys(copy, tmp_path):
+    from test_workflow import OPERATIONAL_CHANGES
+
+    repo, work = copy
+    assert with_config(tmp_path, repo, work, OPERATIONAL_CHANGES) == []
+
+
+def test_draft_vocab_size(copy, tmp_path):
+    repo, work = copy
+    jobs = with_config(tmp_path, repo, work, {"vocab": {"draft_vocab_size": 512}})
+    assert jobs == sorted(["vocab", "train", "bench", "report"])
+
+
+@pytest.mark.parametrize("change", [{"lr": 0.001}, {"epochs": 3}])
+def test_train_keys(copy, tmp_path, change):
+    repo, work = copy
+    assert with_config(tmp_path, repo, work, {"train": change}) == ["bench", "report", "train"]
+
+
+def test_comment_only_edit_in_every_library_module(copy):
+    from test_workflow import no_code_change
+
+    repo, work = copy
+    files = sorted((repo / "src" / "eagle3_pipeline").rglob("*.py"))
+    with contextlib.ExitStack() as stack:
+        for f in files:
+            stack.enter_context(edited(f, no_code_change(f.read_text())))
+        assert planned(repo, work) == []
+    assert len(files) > 20
+
+
+# ---- starred rows: re-run for real, nothing recomputed ---------------------------------------
+
+
+def records(work: Path) -> dict:
+    run = work / "results" / "ci"
+    read = lambda p: json.loads((run / p).read_text())  # noqa: E731
+    return {
+        "parts": [read(f"hidden_states/parts/part_{k}.json")["this_run"] for k in (0, 1)],
+        "train": read("drafter/metrics.json")["this_run"],
+        "bench": read("bench/metrics.json")["this_run"],
+    }
+
+
+def log_sizes(work: Path) -> dict[Path, int]:
+    return {p: p.stat().st_size for p in (work / "results" / "ci" / "logs").glob("*.log")}
+
+
+def real_rerun(repo: Path, work: Path, *args: str) -> list[str]:
+    """Run for real; return the jobs that ran. Asserts that no server started (in any job's
+    log) and that afterwards there is nothing left to do."""
+    before = log_sizes(work)
+    out = snakemake(
+        "--cores", "2", *config_args(), *args, repo=repo, workdir=work, timeout=900
+    ).output
+    for path, size in log_sizes(work).items():
+        with open(path, errors="replace") as fh:
+            fh.seek(before.get(path, 0))
+            assert "starting vLLM server" not in fh.read(), path
+    assert planned(repo, work) == []
+    return job_names(parse_jobs(out))
+
+
+def assert_nothing_recomputed(work: Path) -> None:
+    r = records(work)
+    for part in r["parts"]:
+        assert part["server_started"] is False and part["samples"] == 0, part
+    assert r["train"]["trained_steps"] == 0 and r["train"]["reused"], r["train"]
+    assert r["bench"]["servers_started"] == 0 and r["bench"]["measured_sets"] == [], r["bench"]
+
+
+def test_touch_of_an_upstream_output_recomputes_nothing(copy):
+    """(*) `touch` gives the data set a new mtime but the same content."""
+    repo, work = copy
+    dataset = work / "results" / "ci" / "prepare" / "dataset"
+    for p in (dataset, dataset / ".snakemake_timestamp"):
+        p.touch()
+    expected = sorted(
+        [
+            "vocab",
+            "extract[part=0]",
+            "extract[part=1]",
+            "extract_gather",
+            "train",
+            "bench",
+            "report",
+        ]
+    )
+    assert planned(repo, work) == expected
+    assert real_rerun(repo, work) == expected
+    assert_nothing_recomputed(work)
+
+
+def test_forced_extract_reuses_every_row(copy):
+    """(*) `-R extract` with nothing changed: every row is reused, nothing downstream trains."""
+    repo, work = copy
+    ran = real_rerun(repo, work, "-R", "extract")
+    assert ran == sorted(
+        ["extract[part=0]", "extract[part=1]", "extract_gather", "train", "bench", "report"]
+    )
+    assert_nothing_recomputed(work)
+    r = records(work)
+    assert sum(p["reused"] for p in r["parts"]) == 32
+    assert collections.Counter(r["bench"]["cached_sets"]) == collections.Counter(
+        CI["bench"]["prompt_sets"]
+    )
