@@ -165,6 +165,29 @@ def test_kill9_resume_and_corrupt_files(tmp_path, target_json, dataset):
     assert load_file(victim)["hidden_states"].shape[1] == 4
 
 
+def test_reshuffled_rows_reuse_every_sample_without_a_server(tmp_path, target_json, dataset):
+    """An edited prompt pool reshuffles prepare's rows: every stored sample is found by its
+    token ids and moved to its new index; no server starts."""
+    cfg = extract_cfg(reference_forward="never")
+    root = tmp_path / "hs"
+    first = run_part(root, target_json, dataset, cfg)
+    assert first["this_run"]["samples"] == len(TOPICS)
+    reshuffled = tmp_path / "dataset-seed1"
+    prepare.build_dataset(
+        dataset.parent / "synth.jsonl.zst", reshuffled, tmp_path / "p.json", seq_length=512, seed=1
+    )
+    (root / "parts" / "part_0.json").unlink()
+    m = run_part(root, target_json, reshuffled, cfg)
+    assert m["this_run"]["server_started"] is False and m["this_run"]["samples"] == 0
+    assert m["this_run"]["moved_from_other_rows"] > 0
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(reshuffled)).with_format(None)
+    for i in range(len(ds)):
+        stored = load_file(shards.sample_path(root, i, 4))["token_ids"].tolist()
+        assert stored == ds[i]["input_ids"]
+
+
 def test_fp8_storage_halves_the_bytes(tmp_path, target_json, dataset):
     cfg = extract_cfg(storage="fp8", reference_rows=1)
     m = run_part(tmp_path / "hs", target_json, dataset, cfg)

@@ -148,6 +148,27 @@ def test_changed_params_invalidate_partial_work(tmp_path, target_json, vllm_serv
     assert stats["this_run"]["answered"] == 3  # new params: answered again
 
 
+def test_edited_pool_answers_only_new_and_changed_prompts(tmp_path, target_json, vllm_server):
+    cfg = synth_cfg(vllm_server.base_url)
+    prompts = write_prompts(tmp_path / "p.jsonl.zst", 6)
+    first = run_synth(tmp_path, target_json, cfg, prompts)
+    assert first["this_run"]["answered"] == 6
+    rows = list(iter_jsonl(prompts))
+    rows[2]["messages"][0]["content"] = "Name a large ocean."  # edited
+    rows = rows[:4] + rows[5:]  # one removed
+    rows.append({"id": "t:new", "source": "test", "messages": [{"role": "user", "content": "Hi!"}]})
+    write_jsonl_zst(prompts, rows)
+    again = run_synth(tmp_path, target_json, cfg, prompts)
+    assert again["this_run"]["answered"] == 2 and again["this_run"]["reused"] == 4
+    assert again["samples_ok"] == 6
+    recs = {r["id"]: r for r in iter_jsonl(tmp_path / "synth.jsonl.zst")}
+    assert recs["t:2"]["messages"][0]["content"] == "Name a large ocean."
+    assert "t:4" not in recs and "t:new" in recs
+    # Nothing new: no request, no server (the endpoint is not even asked for).
+    third = run_synth(tmp_path, target_json, synth_cfg(None), prompts)
+    assert third["this_run"] == {**third["this_run"], "answered": 0, "server_started": False}
+
+
 SYNTH_SCRIPT = """
 import json, sys
 from eagle3_pipeline import synth
