@@ -24,17 +24,10 @@ pytestmark = [pytest.mark.server, pytest.mark.e2e]
 
 CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
 CI = yaml.safe_load(CI_CONFIG.read_text())
-EVERYTHING_AFTER_PROMPTS = [
-    "synth",
-    "prepare",
-    "vocab",
-    "extract[part=0]",
-    "extract[part=1]",
-    "extract_gather",
-    "train",
-    "bench",
-    "report",
-]
+# What depends on extraction, and on prepare's data set (which vocab reads too).
+AFTER_EXTRACT = ["extract[part=0]", "extract[part=1]", "extract_gather", "train", "bench", "report"]
+AFTER_PREPARE = sorted(["vocab", *AFTER_EXTRACT])
+EVERYTHING_AFTER_PROMPTS = sorted(["synth", "prepare", *AFTER_PREPARE])
 
 
 @pytest.fixture(scope="module")
@@ -232,29 +225,15 @@ def test_touch_of_an_upstream_output_recomputes_nothing(copy):
     dataset = work / "results" / "ci" / "prepare" / "dataset"
     for p in (dataset, dataset / ".snakemake_timestamp"):
         p.touch()
-    expected = sorted(
-        [
-            "vocab",
-            "extract[part=0]",
-            "extract[part=1]",
-            "extract_gather",
-            "train",
-            "bench",
-            "report",
-        ]
-    )
-    assert planned(repo, work) == expected
-    assert real_rerun(repo, work) == expected
+    assert planned(repo, work) == AFTER_PREPARE
+    assert real_rerun(repo, work) == AFTER_PREPARE
     assert_nothing_recomputed(work)
 
 
 def test_forced_extract_reuses_every_row(copy):
     """(*) `-R extract` with nothing changed: every row is reused, nothing downstream trains."""
     repo, work = copy
-    ran = real_rerun(repo, work, "-R", "extract")
-    assert ran == sorted(
-        ["extract[part=0]", "extract[part=1]", "extract_gather", "train", "bench", "report"]
-    )
+    assert real_rerun(repo, work, "-R", "extract") == sorted(AFTER_EXTRACT)
     assert_nothing_recomputed(work)
     r = records(work)
     assert sum(p["reused"] for p in r["parts"]) == 32
