@@ -1,0 +1,87 @@
+"""Pack what a GPU host run measured into one archive small enough to bring home.
+
+    python3 benchmarks/gpu/pack_results.py /tmp/w $OUT/h200-results.tar.xz [RUN...]
+
+With RUN names, also packs those runs' synth answers and journal (see pack_synth).
+
+Takes every run's figures, plots, reports, configs of the drafters, Snakemake's job
+benchmarks and logs (logs cut to their last MiB), the efficiency benchmarks' JSON and the plan's
+status; leaves out the bulk (hidden states, datasets, model weights, synth records). The archive
+must stay under the 16 MiB a remote command may return per file.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import tarfile
+from pathlib import Path
+
+KEEP = [
+    "status.log",
+    "plan.log",
+    "bench/*.json",
+    "bench/*.txt",
+    "logs/*.log",
+    "repo/results/*/target/target.json",
+    "repo/results/*/prompts/*.json",
+    "repo/results/*/synth/stats.json",
+    "repo/results/*/prepare/stats.json",
+    "repo/results/*/vocab/coverage.*",
+    "repo/results/*/hidden_states/manifest.json",
+    "repo/results/*/hidden_states/parts/*.json",
+    "repo/results/*/drafter*/config.json",
+    "repo/results/*/drafter*/metrics.json",
+    "repo/results/*/drafter*/loss.png",
+    "repo/results/*/bench/*.json",
+    "repo/results/*/report/report.*",
+    "repo/results/*/report/plots/*",
+    "repo/results/*/benchmarks/*.tsv",
+    "repo/results/*/logs/*.log",
+    "repo/results/*/tau_vs_data/*",
+    "repo/results/*/tau_vs_data/*/bench.json",
+    "repo/results/*/tau_vs_data/*/drafter/metrics.json",
+]
+LOG_TAIL = 1 << 20
+LIMIT = 15 << 20
+# A run's synth answers and journal, to bring home and carry to a later host so that its synth
+# stage reuses them instead of generating again; packed apart and split into parts that fit.
+SYNTH = ["synth/synth.jsonl.zst", "synth/stats.json", "synth/.partial/*"]
+
+
+def pack_synth(base: Path, run: str, out: Path) -> None:
+    files = sorted(p for pat in SYNTH for p in (base / "repo/results" / run).glob(pat))
+    if not files:
+        return
+    tmp = out.with_name(f"{run}-synth.tar.xz")
+    with tarfile.open(tmp, "w:xz") as tar:
+        for p in files:
+            tar.add(p, arcname=str(p.relative_to(base / "repo")))
+    data = tmp.read_bytes()
+    tmp.unlink()
+    for i in range(0, len(data), LIMIT):
+        (out.parent / f"{run}-synth.tar.xz.part{i // LIMIT:02d}").write_bytes(data[i : i + LIMIT])
+    print(f"packed {run}'s synth ({len(files)} files) into {len(data) / 2**20:.1f} MiB of parts")
+
+
+def main(root: str, out: str, *synth_runs: str) -> None:
+    for run in synth_runs:
+        pack_synth(Path(root), run, Path(out))
+    base = Path(root)
+    files = sorted({p for pat in KEEP for p in base.glob(pat) if p.is_file()})
+    with tarfile.open(out, "w:xz") as tar:
+        for p in files:
+            data = p.read_bytes()
+            if p.suffix == ".log" and len(data) > LOG_TAIL:
+                data = b"[... cut ...]\n" + data[-LOG_TAIL:]
+            info = tarfile.TarInfo(str(p.relative_to(base)).removeprefix("repo/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    size = Path(out).stat().st_size
+    print(f"packed {len(files)} files into {out}: {size / 2**20:.1f} MiB")
+    if size > LIMIT:
+        sys.exit(f"{out} is over {LIMIT >> 20} MiB: it will not come back")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
