@@ -543,3 +543,18 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
     assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == ("prompts",)
     assert "train.entry" in logic_modules(REPO / "workflow_scripts" / "train.py")
     assert "vllm_connector" in logic_modules(REPO / "workflow_scripts" / "extract.py")
+
+
+def test_the_workflow_profile_turns_off_the_script_mtime_trigger(done_copy):
+    """Snakemake's `code` trigger re-runs a script rule whenever the script is newer than its
+    outputs; profiles/default (found beside the Snakefile, as in every test here) drops it, so
+    a touched script re-runs nothing. Without the profile it would."""
+    script = done_copy / "workflow_scripts" / "vocab.py"
+    st = script.stat()
+    try:
+        os.utime(script, (st.st_atime + 3600, st.st_mtime + 3600))
+        assert "Nothing to be done" in snakemake("-n", repo=done_copy).output
+        jobs = rerun_plan(done_copy, "--workflow-profile", "none")
+        assert jobs["vocab"].startswith("Code has changed since last execution")
+    finally:
+        os.utime(script, (st.st_atime, st.st_mtime))
