@@ -117,16 +117,17 @@ def job_names(output: str) -> list[str]:
     return sorted(names)
 
 
-def log_sizes(run: Path) -> dict[Path, int]:
-    return {p: p.stat().st_size for p in (run / "logs").glob("*.log")}
+def log_states(run: Path) -> dict[Path, tuple[int, int]]:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in (run / "logs").glob("*.log")}
 
 
-def servers_started(run: Path, before: dict[Path, int]) -> int:
+def servers_started(run: Path, before: dict[Path, tuple[int, int]]) -> int:
+    """Servers started by the jobs that ran, from their logs (Snakemake starts a job's log
+    afresh, so a log that changed is read whole)."""
     n = 0
-    for path in (run / "logs").glob("*.log"):
-        with open(path, errors="replace") as fh:
-            fh.seek(before.get(path, 0))
-            n += fh.read().count("starting vLLM server")
+    for path, state in log_states(run).items():
+        if before.get(path) != state:
+            n += path.read_text(errors="replace").count("starting vLLM server")
     return n
 
 
@@ -194,7 +195,7 @@ def run_row(name: str, row: dict, base: Path, done: dict[str, Path], tmp: Path) 
                 p.touch()
     args = row.get("args", [])
     plan_out, plan_s = snakemake(repo, work, configs, "-n", *args)
-    before = log_sizes(run)
+    before = log_states(run)
     out, wall = snakemake(repo, work, configs, "--cores", "all", *args)
     ran = job_names(out)
     result = {
@@ -239,10 +240,13 @@ def main() -> None:
         base.mkdir()
         shutil.copytree(DATA, base / "data")
         out, wall = snakemake(REPO, base, [REPO / "config" / "config.yaml"], "--cores", "all")
-        results["full_run"] = {"wall_s": round(wall, 1), "ran": job_names(out)}
+        full = {"wall_s": round(wall, 1), "ran": job_names(out), "code": results["code"]}
+        (base / "full_run.json").write_text(json.dumps(full, indent=2) + "\n")
         print(f"full run: {wall:.0f} s", flush=True)
     elif not (base / "data").exists():
         shutil.copytree(DATA, base / "data")
+    if (base / "full_run.json").exists():  # measured when this script made the base run
+        results["full_run"] = json.loads((base / "full_run.json").read_text())
     rows = args.rows or list(ROWS)
     results["rows"] = []
     done: dict[str, Path] = {}
