@@ -34,6 +34,7 @@ def test_report_numbers_are_real(run_dir):
         assert r["baseline_tokens_per_s"] > 0 and r["tokens_per_s"] > 0
         assert r["outputs_vs_baseline"]["compared"] == sizes[r["prompt_set"]]
     assert bench["this_run"]["servers_started"] == 2  # baseline and drafter (k=2), all sets
+    assert (run_dir / "logs" / "bench.log").read_text().count("starting vLLM server") == 2
     assert bench["consistency"]["ok"]
     html = (run_dir / "report" / "report.html").read_text()
     for section in (
