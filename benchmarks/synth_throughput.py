@@ -88,10 +88,9 @@ def main() -> None:
             target.materialize({"source": "packaged", "dtype": dtype, "path": None}, tj)
         model = target.load_info(tj)["model_path"]
     with tempfile.TemporaryDirectory() as tmp:
-        prompts.build(
-            {**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}], "bench": []},
+        prompts.build_train(
+            {**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}]},
             train_out=Path(tmp) / "p.jsonl.zst",
-            bench_outs={},
             stats_out=Path(tmp) / "s.json",
         )
         from eagle3_pipeline.fileio import iter_jsonl

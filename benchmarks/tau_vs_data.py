@@ -87,7 +87,8 @@ def main() -> None:
             d / "bench.json",
             cfg["bench"],
             cfg["vllm"],
-            out / "log.txt",
+            cache_dir=d / "bench_cache",
+            log_path=out / "log.txt",
         )
         tokens = int(sum(full.select(range(n))["seq_len"]))
         point = {

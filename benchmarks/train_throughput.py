@@ -184,6 +184,7 @@ def build_data(root: Path, verifier: Path, s: dict, num_samples: int, storage: s
     from safetensors.torch import save_file
 
     from eagle3_pipeline import shards
+    from eagle3_pipeline.target import identity as target_identity
 
     hs_root, flat = root / "hidden_states", root / "flat_hidden_states"
     marker = root / "data.json"
@@ -240,6 +241,8 @@ def build_data(root: Path, verifier: Path, s: dict, num_samples: int, storage: s
         "storage": storage,
         "target": {"model_path": str(verifier)},
         "shards": [],
+        # a content id of the samples (train's fingerprint keys on it): random rows of seed 1
+        "samples_sha256": f"random-seed1-pool{s['pool']}-{num_samples}x{seq}-{storage}",
         "verification": {"note": "random hidden states (benchmark)"},
         "provenance": {},
     }
@@ -277,6 +280,7 @@ def build_data(root: Path, verifier: Path, s: dict, num_samples: int, storage: s
         json.dumps(
             {
                 "model_path": str(verifier),
+                "identity": target_identity({"source": "local"}, Path(verifier)),
                 "architecture": {
                     "num_layers": n_layers,
                     "hidden_size": hidden,
