@@ -283,18 +283,23 @@ def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
 @pytest.fixture(scope="module")
 def done_copy(tmp_path_factory) -> Path:
     repo = copy_repo(tmp_path_factory.mktemp("repo"))
-    jobs = plan(repo=repo)
+    mark_done(repo)
+    return repo
+
+
+def mark_done(repo: Path, *args: str, workdir: Path | None = None) -> None:
+    """Create every planned output empty and record real metadata for it (--touch)."""
+    jobs = plan(*args, repo=repo, workdir=workdir)
     outputs = [o for j in jobs for o in j.fields.get("output", "").split(", ") if o]
     directories = {"prepare/dataset", "report/plots"}  # the directory() outputs in rules/
     for o in outputs:
-        path = repo / o
+        path = (workdir or repo) / o
         if any(o.endswith(d) for d in directories):
             path.mkdir(parents=True, exist_ok=True)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()
-    snakemake("--touch", "--forceall", "--cores", "1", repo=repo)
-    return repo
+    snakemake("--touch", "--forceall", "--cores", "1", *args, repo=repo, workdir=workdir)
 
 
 def rerun_plan(repo: Path, *args: str) -> dict[str, str]:
@@ -558,3 +563,26 @@ def test_the_workflow_profile_turns_off_the_script_mtime_trigger(done_copy):
         assert jobs["vocab"].startswith("Code has changed since last execution")
     finally:
         os.utime(script, (st.st_atime, st.st_mtime))
+
+
+def test_a_local_targets_config_is_an_input(tmp_path, fake_model_dir):
+    """Editing a local target's config.json re-runs target and what depends on it."""
+    args = (
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--config",
+        f"target={{source: local, path: {fake_model_dir}}}",
+    )
+    mark_done(REPO, *args, workdir=tmp_path)
+    assert plan(*args, workdir=tmp_path) == []
+    config = fake_model_dir / "config.json"
+    st = config.stat()
+    try:
+        config.write_text('{"num_hidden_layers": 2}')
+        jobs = {j.rule: j.reason for j in plan(*args, workdir=tmp_path)}
+    finally:
+        config.write_text("{}")
+        os.utime(config, (st.st_atime, st.st_mtime))
+    assert jobs["target"] == f"Updated input files: {config}"
+    assert not {"prompts_train", "prompts_bench"} & set(jobs)
+    assert {"synth", "extract", "train", "bench", "report"} <= set(jobs)
