@@ -29,8 +29,57 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import config as cfglib, extract, target  # noqa: E402
+from eagle3_pipeline.provenance import package_versions  # noqa: E402
 from eagle3_pipeline.runtime import Progress, setup_logging  # noqa: E402
 from eagle3_pipeline.server import VllmServer, spec_from_config  # noqa: E402
+
+
+# Shapes for --dummy-shape: the prefill (and the bytes captured per token) of a real target.
+DUMMY_SHAPES = {
+    "llama-8b": {  # Llama-3.1-8B: 4 captured layers x 4096 x bf16 = 32 KiB a token
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+    }
+}
+
+
+def dummy_target(shape: str, tokenizer_dir: Path, out: Path) -> dict:
+    """A model directory of ``shape`` for vLLM's dummy loader: its config, the tokenizer of
+    ``tokenizer_dir`` (ids of the dataset stay valid: its vocabulary is smaller), and random
+    final-norm and lm_head weights, so the pipeline's next-token probe does its real work."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = DUMMY_SHAPES[shape]
+    out.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy(f, out / f.name)
+    (out / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    save_file(
+        {
+            "model.norm.weight": torch.ones(cfg["hidden_size"], dtype=torch.bfloat16),
+            "lm_head.weight": (
+                torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=g) * 0.02
+            ).to(torch.bfloat16),
+        },
+        str(out / "model.safetensors"),
+    )
+    return {"model_path": str(out), "architecture": target.architecture(out)}
 
 
 async def minimal_client(base_url: str, model: str, rows: list[list[int]], concurrency: int):
@@ -80,21 +129,37 @@ def main() -> None:
     ap.add_argument("--storage", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--omp-threads", help="OMP_NUM_THREADS for the CPU server")
     ap.add_argument("--positions", type=int, help="extract.agreement_positions_per_sample")
+    ap.add_argument("--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)")
+    ap.add_argument(
+        "--dummy-shape",
+        choices=sorted(DUMMY_SHAPES),
+        help="serve a model of this shape with random weights (vLLM load_format dummy) instead "
+        "of --target: the prefill of a real 8B target, the tokens of the dataset",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     setup_logging(None)
     from datasets import load_from_disk
 
     info = target.load_info(args.target)
+    extra = ["--no-enable-prefix-caching"]
+    if args.dummy_shape:
+        info = dummy_target(args.dummy_shape, Path(info["model_path"]), Path(tempfile.mkdtemp()))
+        extra += ["--load-format", "dummy"]
     ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))
     rows = ds["input_ids"]
     tokens = sum(len(r) for r in rows)
-    cfg = cfglib.validate({"extract": {"concurrency": args.concurrency, "storage": args.storage}})
+    base = cfglib.load(args.config) if args.config else cfglib.validate({})
+    cfg = cfglib.validate(
+        {
+            "vllm": base["vllm"],
+            "extract": {"concurrency": args.concurrency, "storage": args.storage},
+        }
+    )
     if args.positions:
         cfg["extract"]["agreement_positions_per_sample"] = args.positions
     if args.omp_threads:
         cfg["vllm"]["env"]["OMP_NUM_THREADS"] = args.omp_threads
-    extra = ["--no-enable-prefix-caching"]
     rates = {"bare": [], "extract": [], "minimal": []}
 
     spec = spec_from_config(cfg["vllm"], info["model_path"], extra_args=extra)
@@ -169,7 +234,10 @@ def main() -> None:
                     "median": med,
                     "ratio": ratio,
                     "tokens": tokens,
+                    "architecture": info["architecture"],
                     "args": vars(args),
+                    "vllm": cfg["vllm"],
+                    "versions": package_versions(),
                 },
                 indent=2,
             )

@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import config as cfglib, prompts, synth, target  # noqa: E402
 from eagle3_pipeline.fileio import AppendLog  # noqa: E402
+from eagle3_pipeline.provenance import package_versions as versions  # noqa: E402
 from eagle3_pipeline.runtime import Progress, setup_logging  # noqa: E402
 from eagle3_pipeline.server import Endpoint, VllmServer, spec_from_config  # noqa: E402
 
@@ -67,18 +68,24 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (a b b a per two)")
+    ap.add_argument("--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     setup_logging(None)
 
+    base = cfglib.load(args.config) if args.config else cfglib.validate({})
     cfg = cfglib.validate(
-        {"synth": {"concurrency": args.concurrency, "max_tokens": args.max_tokens}}
+        {
+            "vllm": base["vllm"],
+            "synth": {"concurrency": args.concurrency, "max_tokens": args.max_tokens},
+        }
     )
     model = args.model
     if not model:
-        tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
+        dtype = "float32" if cfg["vllm"]["device"] == "cpu" else "bfloat16"
+        tj = REPO / "tests" / ".cache" / f"target-{dtype}" / "target.json"
         if not tj.exists():
-            target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
+            target.materialize({"source": "packaged", "dtype": dtype, "path": None}, tj)
         model = target.load_info(tj)["model_path"]
     with tempfile.TemporaryDirectory() as tmp:
         prompts.build(
@@ -116,7 +123,15 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(
             json.dumps(
-                {"runs": figures, "median": med, "ratio": ratio, "args": vars(args)}, indent=2
+                {
+                    "runs": figures,
+                    "median": med,
+                    "ratio": ratio,
+                    "args": vars(args),
+                    "vllm": cfg["vllm"],
+                    "versions": versions(),
+                },
+                indent=2,
             )
         )
 

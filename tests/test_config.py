@@ -247,12 +247,13 @@ def test_command_line_strings_are_read_as_the_values_they_spell():
 
 # ---- profiles ------------------------------------------------------------------------------
 
-PROFILES = ["kimi-k2.5.yaml", "llama-8b.yaml"]
+PROFILES = ["kimi-k2.5.yaml", "llama-8b.yaml", "gpu.yaml", "gpu-quality.yaml"]
 
 
 def profile(name: str, model_dir: Path) -> dict:
     cfg = yaml.safe_load((REPO / "config" / name).read_text())
-    cfg["target"]["path"] = str(model_dir)
+    if cfg["target"]["source"] == "local":
+        cfg["target"]["path"] = str(model_dir)
     return cfg
 
 

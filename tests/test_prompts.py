@@ -332,6 +332,39 @@ def test_sharegpt_multi_turn_build():
         assert roles in (["user"], ["user", "assistant", "user"])
 
 
+def test_each_turn_makes_one_sample_per_user_turn():
+    conv = [m("system", "S"), m("user", "u1"), m("assistant", "a1"), m("user", "u2")]
+    conv += [m("assistant", "a2"), m("user", "u3"), m("assistant", "a3")]
+    shaped = prompts.shape_messages(conv, True, 6)
+    assert prompts.user_turn_prefixes(shaped) == [conv[:2], conv[:4], conv[:6]]
+    raws = [
+        {"id": "x", "messages": conv},
+        {"id": "y", "messages": conv[:2]},  # the same as x's first turn: a duplicate
+        {"id": "z", "messages": [m("user", "q"), m("assistant", "a"), m("user", "q" * 50)]},
+    ]
+    rows, counts = prompts.filter_rows("file", raws, "f", 40, each_turn=True)
+    assert [r["id"] for r in rows] == ["file:f:x.t1", "file:f:x.t2", "file:f:x.t3", "file:f:z.t1"]
+    assert rows[1]["messages"] == conv[:4]
+    # z's second turn is over max_chars: judged per sample, so its first turn stays
+    assert counts["skipped"]["over_length"] == 1 and counts["duplicates"] == 1
+    assert counts["rows_read"] == 3 and counts["candidates"] == 6 and counts["kept"] == 4
+
+
+def test_sharegpt_each_turn_build():
+    rows, st = prompts.collect(
+        {"source": "sharegpt", "name": "sg_all", "n": None, "each_turn": True, "max_turns": 6},
+        "train",
+        0,
+        3000,
+        0.6,
+    )
+    # about twice the usable first turns (9,336 of them): every later user turn is a sample
+    assert st["kept"] == len(rows) == 19_351 and st["candidates"] == 40_158
+    turns = Counter(sum(x["role"] == "user" for x in r["messages"]) for r in rows)
+    assert turns[1] == 9_336 and max(turns) == 6
+    assert all(r["messages"][-1]["role"] == "user" for r in rows)
+
+
 # ----------------------------------------------------------------------------- bad rows
 
 
@@ -418,7 +451,7 @@ def test_max_bad_fraction_failure(tmp_path):
         )
     msg = str(err.value)
     assert "train/mine" in msg
-    assert "13 of 17 rows are bad (76.5%" in msg
+    assert "13 of 17 samples are bad (76.5%" in msg
     assert "malformed 11, empty 1, over_length 1" in msg
     assert "`prompts.max_bad_fraction` = 0.5" in msg
     assert not out.exists()
@@ -426,7 +459,7 @@ def test_max_bad_fraction_failure(tmp_path):
     dup = write_lines(tmp_path / "dup.jsonl", ['{"prompt": "same"}'] * 9 + ['{"prompt": " "}'])
     _, st = prompts.collect({"source": "file", "path": str(dup)}, "train", 0, 100, 0.1)
     assert st["duplicates"] == 8 and st["skipped"]["empty"] == 1 and st["bad_fraction"] == 0.1
-    with pytest.raises(ValueError, match="1 of 10 rows are bad"):
+    with pytest.raises(ValueError, match="1 of 10 samples are bad"):
         prompts.collect({"source": "file", "path": str(dup)}, "train", 0, 100, 0.09)
 
 
@@ -565,7 +598,7 @@ def test_mtbench_and_humaneval_normalized():
     assert he[0]["messages"][0]["content"].endswith('    """\n```')
     for r in mt + he:
         prompts.validate_row(r)
-    with pytest.raises(ValueError, match="multi_turn is only for sharegpt and file"):
+    with pytest.raises(ValueError, match="multi_turn and each_turn are only for sharegpt and file"):
         prompts.collect({"source": "mtbench", "multi_turn": True}, "bench", 0, 8000, 0.5)
 
 

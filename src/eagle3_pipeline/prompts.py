@@ -31,7 +31,10 @@ Shaping (:func:`shape_messages`): leading system messages are kept; the first ot
 must be a user turn. Without ``multi_turn`` the prompt is that first user turn. With
 ``multi_turn`` the conversation is kept up to and including its ``max_turns``-th user message
 (or its last one, if it has fewer), stopping early where user and assistant stop alternating;
-a trailing assistant answer is dropped, since synth generates it.
+a trailing assistant answer is dropped, since synth generates it. With ``each_turn`` (which
+implies ``multi_turn``) every user turn of that conversation becomes a sample of its own, with
+the turns before it as context (:func:`user_turn_prefixes`; row ids ``<row id>.t<k>``): ShareGPT
+has about six times as many user turns as usable first turns.
 
 Filtering, per source, in this order (:func:`filter_rows`, :func:`select`):
 
@@ -98,7 +101,7 @@ HUMANEVAL_INSTRUCTION = (
 )
 
 DEFAULTS = {"seed": 0, "max_chars": 8000, "max_bad_fraction": 0.5}
-SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "max_turns": 6}
+SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
 
 
 @dataclass(frozen=True)
@@ -307,6 +310,11 @@ def shape_messages(
     return messages[:kept]
 
 
+def user_turn_prefixes(messages: list[dict]) -> list[list[dict]]:
+    """Each prefix of a shaped conversation that ends in a user turn, shortest first."""
+    return [messages[: j + 1] for j, m in enumerate(messages) if m["role"] == "user"]
+
+
 def _conversation(
     items: Any, role_key: str, content_key: str, role_map: dict[str, str] | None
 ) -> list[dict]:
@@ -434,8 +442,11 @@ def filter_rows(
     multi_turn: bool = False,
     max_turns: int = 6,
     counts: dict | None = None,
+    each_turn: bool = False,
 ) -> tuple[list[dict], dict]:
-    """Normalize, filter and dedupe raw rows into output rows (file order) and counts."""
+    """Normalize, filter and dedupe raw rows into output rows (file order) and counts.
+
+    With ``each_turn`` a raw row yields one sample per user turn (``kept`` counts samples)."""
     counts = new_counts() if counts is None else counts
     detail: Counter = Counter()
     prefix = kind if name == kind else f"{kind}:{name}"
@@ -445,27 +456,38 @@ def filter_rows(
     for index, raw in enumerate(raws):
         counts["rows_read"] += 1
         try:
-            rid, messages, extra = normalize_row(kind, raw, index, multi_turn, max_turns)
+            rid, messages, extra = normalize_row(
+                kind, raw, index, multi_turn or each_turn, max_turns
+            )
         except Malformed as e:
             counts["skipped"]["malformed"] += 1
             detail[str(e)] += 1
             continue
-        reason = problem(messages, max_chars)
-        if reason:
-            counts["skipped"][reason] += 1
-            continue
-        key = dedupe_key(messages)
-        if key in seen:
-            counts["duplicates"] += 1
-            continue
-        if rid in ids:
-            counts["skipped"]["malformed"] += 1
-            detail["duplicate id"] += 1
-            continue
-        seen.add(key)
-        ids.add(rid)
-        rows.append({"id": f"{prefix}:{rid}", "source": name, "messages": messages, **extra})
+        samples = (
+            [(f"{rid}.t{k}", p) for k, p in enumerate(user_turn_prefixes(messages), 1)]
+            if each_turn
+            else [(rid, messages)]
+        )
+        for sid, sample in samples:
+            reason = problem(sample, max_chars)
+            if reason:
+                counts["skipped"][reason] += 1
+                continue
+            key = dedupe_key(sample)
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            if sid in ids:
+                counts["skipped"]["malformed"] += 1
+                detail["duplicate id"] += 1
+                continue
+            seen.add(key)
+            ids.add(sid)
+            rows.append({"id": f"{prefix}:{sid}", "source": name, "messages": sample, **extra})
     counts["kept"] = len(rows)
+    # Samples judged (one per raw row, or one per user turn with each_turn): the base of the
+    # bad fraction.
+    counts["candidates"] = len(rows) + counts["duplicates"] + sum(counts["skipped"].values())
     counts["malformed_detail"] = dict(detail.most_common())
     return rows, counts
 
@@ -487,13 +509,13 @@ def select(rows: list[dict], n: int | None, seed: int) -> list[dict]:
 def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> float:
     """The bad fraction of a source; ValueError above ``max_bad_fraction``."""
     bad = sum(counts["skipped"].values())
-    read = counts["rows_read"]
+    read = counts.get("candidates", counts["rows_read"])
     frac = bad / read if read else 0.0
     if frac > max_bad_fraction:
         reasons = ", ".join(f"{r} {counts['skipped'][r]}" for r in BAD_REASONS)
         top = "; ".join(f"{k}: {v}" for k, v in list(counts["malformed_detail"].items())[:4])
         raise ValueError(
-            f"prompt source {where}: {bad} of {read} rows are bad ({frac:.1%}; {reasons}"
+            f"prompt source {where}: {bad} of {read} samples are bad ({frac:.1%}; {reasons}"
             + (f"; malformed: {top}" if top else "")
             + f"), more than "
             f"`prompts.max_bad_fraction` = {max_bad_fraction}. Fix the data, raise "
@@ -532,14 +554,22 @@ def collect(
     spec = {**SOURCE_DEFAULTS, **spec}
     kind, name = spec["source"], source_name(spec)
     where = f"{split}/{name}"
-    if spec["multi_turn"] and kind not in ("sharegpt", "file"):
+    if (spec["multi_turn"] or spec["each_turn"]) and kind not in ("sharegpt", "file"):
         raise ValueError(
-            f"prompt source {where}: multi_turn is only for sharegpt and file "
+            f"prompt source {where}: multi_turn and each_turn are only for sharegpt and file "
             "sources (the later turns of a benchmark need the model's answers)"
         )
     t0 = time.monotonic()
     raws, info = read_source(spec)
-    rows, counts = filter_rows(kind, raws, name, max_chars, spec["multi_turn"], spec["max_turns"])
+    rows, counts = filter_rows(
+        kind,
+        raws,
+        name,
+        max_chars,
+        spec["multi_turn"],
+        spec["max_turns"],
+        each_turn=spec["each_turn"],
+    )
     if counts["rows_read"] == 0:
         raise ValueError(f"prompt source {where}: {info['path']} has no rows")
     stats = {"source": kind, "name": name, **info, **counts}

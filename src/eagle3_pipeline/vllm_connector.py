@@ -39,6 +39,12 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         super().__init__(*args, **kwargs)
         self._storage = self._kv_transfer_config.get_from_extra_config("storage", "bf16")
 
+    def get_finished_count(self) -> int:
+        # Only tensor-parallel rank 0 writes, so a request gets one "finished sending" report.
+        # vLLM 0.26's stock connector leaves this at None, which makes the engine wait for one
+        # report per rank: under TP > 1 no request would ever finish (vLLM 0.32 returns 1 too).
+        return 1
+
     def _on_cpu(self) -> bool:
         return self._kv_cache is not None and self._kv_cache.device.type == "cpu"
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The steps of a GPU host run (started by benchmarks/gpu/h200.sh, from the copy in /tmp/w/repo).
+# Arguments: groups run one after the other; the steps of a group (joined by +) run side by side.
+# Each step logs to /tmp/w/logs/<step>.log and appends "<step> start|ok|FAIL ..." to
+# /tmp/w/status.log. A failed step does not stop the others.
+set -uo pipefail
+W=/tmp/w
+mkdir -p "$W/logs" "$W/bench"
+export VLLM_CACHE_ROOT=$W/vllm-cache  # compiled graphs are shared by every server of the plan
+SMK=(python3 -m snakemake --cores all --resources gpus=1)
+
+# Concurrent Snakemake runs each hold their own GPU lock directory: on this host they share
+# the one GPU on purpose (a 135M model needs a sliver of it; vllm.extra_args caps each server).
+smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 "${SMK[@]}" "${@:2}"; }
+
+smoke() { smk smoke --configfile config/gpu.yaml; }
+quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
+quality() { smk quality --configfile config/gpu-quality.yaml; }
+eff_synth() {
+  python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
+    --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
+}
+eff_extract() {
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml \
+    --dataset results/gpu/prepare/dataset --target results/gpu/target/target.json \
+    --rows 159 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput.json"
+}
+eff_extract_8b() {
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
+    --dataset results/gpu/prepare/dataset --target results/gpu/target/target.json \
+    --rows 128 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput_8b.json"
+}
+eff() { eff_synth && eff_extract && eff_extract_8b; }
+curve() {
+  python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
+    --sizes 2500 5000 10000 --prompt-sets mtbench
+}
+facts() {
+  nvidia-smi
+  python3 -c 'import sys, torch, vllm, speculators, transformers, snakemake
+print(sys.version); print("torch", torch.__version__, torch.version.cuda, torch.cuda.device_count())
+print("vllm", vllm.__version__, "speculators", speculators.__version__)
+print("transformers", transformers.__version__, "snakemake", snakemake.__version__)'
+  python3 -m pip list 2>/dev/null > "$W/bench/host_pip_list.txt"
+  df -h /tmp; free -g
+}
+
+run_step() {
+  local name=$1 t0=$SECONDS rc
+  echo "$name start $(date +%T)" >> "$W/status.log"
+  "$name" > "$W/logs/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then s=ok; else s="FAIL rc=$rc"; fi
+  echo "$name $s $((SECONDS - t0)) s" >> "$W/status.log"
+  return $rc
+}
+
+for group in "$@"; do
+  IFS=+ read -ra steps <<< "$group"
+  for s in "${steps[@]}"; do run_step "$s" & done
+  wait
+done
+echo "plan done $(date +%T)" >> "$W/status.log"
