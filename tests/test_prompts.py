@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def test_missing_package_names_the_install(monkeypatch):
             "no-such-dist-xyz", "1.0", "x.jsonl", "0" * 64, "pip install no-such-dist-xyz==1.0"
         ),
     )
-    with pytest.raises(FileNotFoundError, match="pip install no-such-dist-xyz==1.0"):
+    with pytest.raises(FileNotFoundError, match=re.escape("pip install no-such-dist-xyz==1.0")):
         prompts.packaged_file("humaneval")
 
 
@@ -590,8 +591,8 @@ def test_mtbench_and_humaneval_normalized():
         m(
             "user",
             (
-                "Complete the following Python function. Reply with the complete function in a single "
-                "Python code block.\n\n```python\n" + p0.strip("\n") + "\n```"
+                "Complete the following Python function. Reply with the complete function in a "
+                "single Python code block.\n\n```python\n" + p0.strip("\n") + "\n```"
             ),
         )
     ]

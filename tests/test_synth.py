@@ -326,11 +326,13 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
     log = "\n".join(
         [
             "INFO 11-30 20:59:01 [api_server.py:1] vLLM API server version 0.32.0",
-            "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to start.",
+            "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to "
+            "start.",
             "(EngineCore_DP0 pid=77) Traceback (most recent call last):",
-            '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in default_weight_loader',
-            "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight (torch.Size([576, 1721]))"
-            " into parameter (torch.Size([576, 1728]))",
+            '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in '
+            "default_weight_loader",
+            "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight "
+            "(torch.Size([576, 1721])) into parameter (torch.Size([576, 1728]))",
             "RuntimeError: Engine core initialization failed. See root cause above.",
             "RuntimeError: Engine core initialization failed. See root cause above.",
             "INFO 11-30 20:59:10 [launcher.py:2] No Error: this line is not an exception",

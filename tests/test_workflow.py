@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from smkcli import REPO, STAGES, copy_repo, downstream, env_for, parse_jobs, plan, snakemake
+from smkcli import REPO, STAGES, copy_repo, downstream, env_for, plan, snakemake
 
 DEFAULT_CONFIG = str(REPO / "config" / "config.yaml")
 CUDA_TP8 = "vllm={device: cuda, tensor_parallel_size: 8}"
@@ -204,7 +204,8 @@ def test_llama_profile_plans(tmp_path, fake_model_dir):
 
 
 def slurm_calls(*args: str, workdir: Path) -> list[dict]:
-    """sbatch calls built by snakemake-executor-plugin-slurm's own code (scripts/slurm_preview.py)."""
+    """sbatch calls built by snakemake-executor-plugin-slurm's own code
+    (scripts/slurm_preview.py)."""
     cmd = [
         sys.executable,
         str(REPO / "scripts" / "slurm_preview.py"),

@@ -179,8 +179,8 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
                 (
                     "p",
                     "τ = 1 + accepted / drafts from vLLM's spec-decode counters; τ predicted = "
-                    "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. A measured τ "
-                    "far below the prediction points at a train/serve mismatch.",
+                    "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. A "
+                    "measured τ far below the prediction points at a train/serve mismatch.",
                 ),
                 ("img", "acceptance_length"),
                 ("img", "acceptance_per_position"),
@@ -358,7 +358,8 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
                     [
                         [
                             "epochs (exported: best by validation loss)",
-                            f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})",
+                            f"{len(train.get('epochs', []))} "
+                            f"(epoch {_fmt(train.get('best_epoch'))})",
                         ],
                         ["validation loss", _fmt(val.get("loss"))],
                         ["validation full accuracy per TTT step", acc(val.get("full_acc"))],

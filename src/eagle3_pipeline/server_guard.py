@@ -13,6 +13,7 @@ the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -41,10 +42,8 @@ def _kill_group(grace_s: float, child: subprocess.Popen | None, interrupt: bool)
     if child is not None and child.poll() is None:
         if interrupt:  # a second SIGINT makes vLLM skip parts of its clean shutdown
             os.killpg(0, signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
     sys.stdout.flush()
     os.killpg(0, signal.SIGKILL)  # everything left in the group, the guard included
 

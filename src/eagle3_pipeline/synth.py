@@ -250,7 +250,7 @@ def _mismatch(tokenizer, part: str, rendered: list[int], stored: list[int], rid:
     tokenized differently: models often emit non-canonical BPE splits) from a real one (the
     text differs, e.g. a stripped thinking wrapper)."""
     pos = next(
-        (i for i, (a, b) in enumerate(zip(rendered, stored)) if a != b),
+        (i for i, (a, b) in enumerate(zip(rendered, stored, strict=False)) if a != b),
         min(len(rendered), len(stored)),
     )
     lo = max(0, pos - 8)
