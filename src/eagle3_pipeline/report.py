@@ -347,6 +347,7 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
 
     val = best_val(train)
     tp = train.get("throughput") or {}
+    epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
     acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
     out.append(
         (
@@ -356,11 +357,7 @@ def sections(d: dict[str, dict], bench_cfg: dict) -> list[tuple[str, list]]:
                     "table",
                     ["", ""],
                     [
-                        [
-                            "epochs (exported: best by validation loss)",
-                            f"{len(train.get('epochs', []))} "
-                            f"(epoch {_fmt(train.get('best_epoch'))})",
-                        ],
+                        ["epochs (exported: best by validation loss)", epochs],
                         ["validation loss", _fmt(val.get("loss"))],
                         ["validation full accuracy per TTT step", acc(val.get("full_acc"))],
                         ["validation conditional accuracy per TTT step", acc(val.get("cond_acc"))],
