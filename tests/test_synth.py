@@ -345,3 +345,20 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
         "RuntimeError: Engine core initialization failed. See root cause above.",
     ]
     assert exception_lines("all fine\nINFO ready") == []
+
+
+def test_child_processes_import_the_package_without_an_install(tmp_path):
+    """The server guard, the training entry point and vLLM's connector module run in child
+    interpreters; on a host where the package is not installed (an offline GPU host using
+    the checkout) they failed with `No module named 'eagle3_pipeline'`."""
+    from eagle3_pipeline.server import ServerSpec, VllmServer
+    from eagle3_pipeline.server_guard import with_package_on_path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = VllmServer(ServerSpec(model="m"), tmp_path / "log").environment()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == src
+    # -S: no site-packages, so no editable install either: only PYTHONPATH finds the package.
+    probe = [sys.executable, "-S", "-c", "import eagle3_pipeline.server_guard"]
+    bare = {"PATH": os.environ["PATH"]}
+    assert subprocess.run(probe, env=bare, capture_output=True).returncode != 0
+    assert subprocess.run(probe, env=with_package_on_path(bare)).returncode == 0

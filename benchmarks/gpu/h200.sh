@@ -5,14 +5,16 @@
 #
 #   bash benchmarks/gpu/h200.sh install             unpack the bundle (.gpu) into /tmp/site
 #   bash benchmarks/gpu/h200.sh start GROUP...      copy the checkout to /tmp/w/repo and run the
-#                                                   groups one after the other, detached; the steps
-#                                                   of a group (joined by +) run side by side
+#                                                   groups one after the other, detached; the lanes
+#                                                   of a group (joined by +) run side by side, the
+#                                                   steps of a lane (joined by ,) one by one
 #   bash benchmarks/gpu/h200.sh poll [SECONDS]      wait until the plan ends or SECONDS pass, then
 #                                                   print its status (default 540)
-#   bash benchmarks/gpu/h200.sh collect             pack the figures into $OUT/h200-results.tar.xz
+#   bash benchmarks/gpu/h200.sh collect [RUN...]    pack the figures into $OUT/h200-results.tar.xz
+#                                                   (and those runs' synth answers, to reuse)
 #
 # Steps are the functions of benchmarks/gpu/steps.sh, e.g.
-#   bash benchmarks/gpu/h200.sh start smoke+quality_data eff quality
+#   bash benchmarks/gpu/h200.sh start facts smoke,eff+quality_synth
 set -euo pipefail
 W=/tmp/w
 cmd=${1:?usage: h200.sh install|start|poll|collect}; shift
@@ -47,8 +49,7 @@ case $cmd in
     echo "== disk"; df -h /tmp | tail -1
     ;;
   collect)
-    . .gpu/s/env.sh
-    python3 benchmarks/gpu/pack_results.py "$W" "${OUT:?}/h200-results.tar.xz"
+    python3 benchmarks/gpu/pack_results.py "$W" "${OUT:?}/h200-results.tar.xz" "$@"
     ;;
   *)
     echo "unknown command $cmd" >&2; exit 2

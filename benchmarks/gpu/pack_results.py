@@ -1,6 +1,8 @@
 """Pack what a GPU host run measured into one archive small enough to bring home.
 
-    python3 benchmarks/gpu/pack_results.py /tmp/w $OUT/h200-results.tar.xz
+    python3 benchmarks/gpu/pack_results.py /tmp/w $OUT/h200-results.tar.xz [RUN...]
+
+With RUN names, also packs those runs' synth answers and journal (see pack_synth).
 
 Takes every run's figures, plots, reports, configs of the drafters, Snakemake's job
 benchmarks and logs (logs cut to their last MiB), the efficiency benchmarks' JSON and the plan's
@@ -42,9 +44,29 @@ KEEP = [
 ]
 LOG_TAIL = 1 << 20
 LIMIT = 15 << 20
+# A run's synth answers and journal, to bring home and carry to a later host so that its synth
+# stage reuses them instead of generating again; packed apart and split into parts that fit.
+SYNTH = ["synth/synth.jsonl.zst", "synth/stats.json", "synth/.partial/*"]
 
 
-def main(root: str, out: str) -> None:
+def pack_synth(base: Path, run: str, out: Path) -> None:
+    files = sorted(p for pat in SYNTH for p in (base / "repo/results" / run).glob(pat))
+    if not files:
+        return
+    tmp = out.with_name(f"{run}-synth.tar.xz")
+    with tarfile.open(tmp, "w:xz") as tar:
+        for p in files:
+            tar.add(p, arcname=str(p.relative_to(base / "repo")))
+    data = tmp.read_bytes()
+    tmp.unlink()
+    for i in range(0, len(data), LIMIT):
+        (out.parent / f"{run}-synth.tar.xz.part{i // LIMIT:02d}").write_bytes(data[i : i + LIMIT])
+    print(f"packed {run}'s synth ({len(files)} files) into {len(data) / 2**20:.1f} MiB of parts")
+
+
+def main(root: str, out: str, *synth_runs: str) -> None:
+    for run in synth_runs:
+        pack_synth(Path(root), run, Path(out))
     base = Path(root)
     files = sorted({p for pat in KEEP for p in base.glob(pat) if p.is_file()})
     with tarfile.open(out, "w:xz") as tar:

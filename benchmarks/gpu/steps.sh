@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # The steps of a GPU host run (started by benchmarks/gpu/h200.sh, from the copy in /tmp/w/repo).
-# Arguments: groups run one after the other; the steps of a group (joined by +) run side by side.
+# Arguments: groups run one after the other; the lanes of a group (joined by +) run side by
+# side, and the steps of a lane (joined by commas) one after the other.
 # Each step logs to /tmp/w/logs/<step>.log and appends "<step> start|ok|FAIL ..." to
 # /tmp/w/status.log. A failed step does not stop the others.
 set -uo pipefail
 W=/tmp/w
 mkdir -p "$W/logs" "$W/bench"
-export VLLM_CACHE_ROOT=$W/vllm-cache  # compiled graphs are shared by every server of the plan
+export VLLM_CACHE_ROOT=$W/vllm-cache  # compiled graphs are shared by the servers of a lane
 SMK=(python3 -m snakemake --cores all --resources gpus=1)
 
-# Concurrent Snakemake runs each hold their own GPU lock directory: on this host they share
-# the one GPU on purpose (a 135M model needs a sliver of it; vllm.extra_args caps each server).
-smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 "${SMK[@]}" "${@:2}"; }
+# Concurrent Snakemake runs ("lanes") each hold their own GPU lock directory: on this host they
+# share the one GPU on purpose (a 135M model needs a sliver of it; vllm.extra_args caps each
+# server's memory), and their own vLLM compile cache (two servers compiling the same graphs
+# into one cache at once could trip over each other).
+smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 VLLM_CACHE_ROOT=$W/vllm-cache-$1 "${SMK[@]}" "${@:2}"; }
 
 smoke() { smk smoke --configfile config/gpu.yaml; }
+quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth; }
 quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
 quality() { smk quality --configfile config/gpu-quality.yaml; }
 eff_synth() {
@@ -55,9 +59,13 @@ run_step() {
   return $rc
 }
 
+lane() {  # steps joined by commas run one after the other
+  local -a seq; IFS=, read -ra seq <<< "$1"
+  for s in "${seq[@]}"; do run_step "$s"; done
+}
 for group in "$@"; do
-  IFS=+ read -ra steps <<< "$group"
-  for s in "${steps[@]}"; do run_step "$s" & done
+  IFS=+ read -ra lanes <<< "$group"
+  for l in "${lanes[@]}"; do lane "$l" & done
   wait
 done
 echo "plan done $(date +%T)" >> "$W/status.log"

@@ -201,7 +201,7 @@ class VllmServer:
             if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
         env.update(self.spec.env)
-        return env
+        return server_guard.with_package_on_path(env)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property

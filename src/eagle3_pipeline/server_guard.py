@@ -22,6 +22,18 @@ import sys
 import time
 
 
+def with_package_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this package's parent directory first on PYTHONPATH.
+
+    Child processes run this package's own modules (this guard, the training entry point,
+    vLLM's connector module): they must import it even where it is not installed, e.g. a
+    checkout used through ``sys.path`` on an offline GPU host.
+    """
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
+    return {**env, "PYTHONPATH": os.pathsep.join([src, *rest])}
+
+
 def command(cmd: list[str], grace_s: float) -> list[str]:
     """`cmd` wrapped in the guard, watching the calling process. Start it in a new session."""
     return [
