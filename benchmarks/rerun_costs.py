@@ -30,8 +30,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from smkcli import copy_repo, parse_jobs  # noqa: E402
-from test_workflow import OPERATIONAL_CHANGES, no_code_change  # noqa: E402
+from test_workflow import OPERATIONAL_CHANGES, no_code_change
+
+from smkcli import copy_repo, parse_jobs
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -69,8 +70,7 @@ ROWS: dict[str, dict] = {
     "edit a benchmark set (mtbench n 8 -> 6)": {
         "config": {
             "prompts": {
-                "bench": [{**DEFAULT["prompts"]["bench"][0], "n": 6}]
-                + DEFAULT["prompts"]["bench"][1:]
+                "bench": [{**DEFAULT["prompts"]["bench"][0], "n": 6}, *DEFAULT["prompts"]["bench"][1:]]
             }
         },
     },

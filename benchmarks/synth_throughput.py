@@ -5,7 +5,8 @@
 Starts one vLLM server on the target (default: the packaged SmolLM2, materialized under
 tests/.cache) with prefix caching off, then alternates runs of (a) the pipeline's synth client
 (the openai client with retries, journaling every record, progress) and (b) a bare aiohttp
-client firing the same requests, in the order a b b a ..., and reports completion tokens/s of each and the ratio.
+client firing the same requests, in the order a b b a ..., and reports completion tokens/s of
+each and the ratio.
 Goal: ratio >= 0.95.
 """
 
@@ -23,11 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from eagle3_pipeline import config as cfglib, prompts, synth, target  # noqa: E402
-from eagle3_pipeline.fileio import AppendLog  # noqa: E402
-from eagle3_pipeline.provenance import package_versions as versions  # noqa: E402
-from eagle3_pipeline.runtime import Progress, setup_logging  # noqa: E402
-from eagle3_pipeline.server import Endpoint, VllmServer, spec_from_config  # noqa: E402
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import prompts, synth, target
+from eagle3_pipeline.fileio import AppendLog
+from eagle3_pipeline.provenance import package_versions as versions
+from eagle3_pipeline.runtime import Progress, setup_logging
+from eagle3_pipeline.server import Endpoint, VllmServer, spec_from_config
 
 
 async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
@@ -68,7 +70,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (a b b a per two)")
-    ap.add_argument("--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)")
+    ap.add_argument(
+        "--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)"
+    )
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     setup_logging(None)

@@ -22,9 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from eagle3_pipeline import bench, config as cfglib, train  # noqa: E402
-from eagle3_pipeline.fileio import read_json, write_json  # noqa: E402
-from eagle3_pipeline.runtime import setup_logging  # noqa: E402
+from eagle3_pipeline import bench, train
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline.fileio import read_json, write_json
+from eagle3_pipeline.runtime import setup_logging
 
 
 def main() -> None:

@@ -16,9 +16,9 @@ Then, on the same data and with the same hyperparameters, it trains
 Both training processes go through eagle3_pipeline.train.entry, so both get the same passive
 probes (per-batch DataLoader wait, peak GPU memory, metric records) and the same device bridge
 (on GPUs only the H200 fused-loss autotune fix, without which stock speculators crashes at step 0
-there; docs/dependencies.md). Reported per run: steady-state tokens/s and s/step (first --warmup steps
-excluded), DataLoader wait per step vs step time, trainer-profiled step phases, peak GPU memory;
-and ours/stock.
+there; docs/dependencies.md). Reported per run: steady-state tokens/s and s/step (first --warmup
+steps excluded), DataLoader wait per step vs step time, trainer-profiled step phases, peak GPU
+memory; and ours/stock.
 
     python3 benchmarks/train_throughput.py --out results.json          # GPU, 8B-class shape
     python3 benchmarks/train_throughput.py --tiny --out tiny.json      # CPU smoke test
@@ -113,7 +113,7 @@ def preflight() -> dict:
         try:
             __import__(mod)
             versions[mod] = md.version(dist)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if mod == "triton":
                 versions[mod] = None
                 continue

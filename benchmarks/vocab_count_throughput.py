@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from eagle3_pipeline import fileio, prepare, vocab  # noqa: E402
+from eagle3_pipeline import fileio, prepare, vocab
 
 VOCAB = 163840
 SEQ_LENGTH = 8192

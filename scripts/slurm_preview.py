@@ -35,10 +35,10 @@ def preview(argv: list[str]) -> list[dict]:
 
     Workflow.printdag = capture_dag
     try:
-        cli.main(list(argv) + ["--dag"])
+        cli.main([*argv, "--dag"])
     except SystemExit as e:
         if e.code not in (0, None) or "jobs" not in captured:
-            raise SystemExit(f"snakemake failed (exit {e.code}); see its message above")
+            raise SystemExit(f"snakemake failed (exit {e.code}); see its message above") from e
     return [submit_call(job, captured["workflow"]) for job in captured["jobs"]]
 
 

@@ -97,7 +97,7 @@ def chat_rows(tokenizer, n: int = 24) -> tuple[list[list[int]], list[list[int]]]
         prompt = [{"role": "user", "content": q}]
         p_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         full = tokenizer.apply_chat_template(
-            prompt + [{"role": "assistant", "content": a}], tokenize=True
+            [*prompt, {"role": "assistant", "content": a}], tokenize=True
         )
         p_ids, full = _ids(p_ids), _ids(full)
         if full[: len(p_ids)] != p_ids:
@@ -250,8 +250,8 @@ def build(
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     freq: dict[int, int] = {}
-    for r, m in zip(rows, loss_masks):
-        for t, keep in zip(r, m):
+    for r, m in zip(rows, loss_masks, strict=True):
+        for t, keep in zip(r, m, strict=True):
             if keep:
                 freq[int(t)] = freq.get(int(t), 0) + 1
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, vocab)

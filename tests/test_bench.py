@@ -48,9 +48,10 @@ def test_scrape_parses_vllm_prometheus_text():
         "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
         'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 50.0\n'
         "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 30.0\n'
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0\n'
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0\n'
+    ) + "".join(
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+        f'{{engine="0",model_name="m",position="{pos}"}} {count}\n'
+        for pos, count in ((0, 30.0), (1, 15.0), (2, 5.0))
     )
     paths = []
 

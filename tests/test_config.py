@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from eagle3_pipeline import config as cfglib
+
 from smkcli import REPO, snakemake
 
 DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())

@@ -33,7 +33,13 @@ def test_percentiles_are_numpys():
     values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
     got = percentiles(values, (0, 25, 50, 90, 100))
     assert got == pytest.approx(
-        dict(zip(["p0", "p25", "p50", "p90", "p100"], np.percentile(values, [0, 25, 50, 90, 100])))
+        dict(
+            zip(
+                ["p0", "p25", "p50", "p90", "p100"],
+                np.percentile(values, [0, 25, 50, 90, 100]),
+                strict=True,
+            )
+        )
         | {"mean": np.mean(values)}
     )
     assert percentiles(np.array(values)) == percentiles(iter(values))

@@ -18,13 +18,15 @@ from types import SimpleNamespace
 import pytest
 
 from eagle3_pipeline import gpus, runtime
-from smkcli import env_for, REPO
+
+from smkcli import REPO, env_for
 
 HOLDER = """
 import os, sys, time
 from pathlib import Path
 from eagle3_pipeline.gpus import GpuLease
-count, devices, lock_dir, out = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3], Path(sys.argv[4])
+count, devices = int(sys.argv[1]), sys.argv[2].split(",")
+lock_dir, out = sys.argv[3], Path(sys.argv[4])
 with GpuLease(count, devices=devices, lock_dir=lock_dir, poll_s=0.05) as got:
     out.write_text(f"{','.join(got)} {os.environ['CUDA_VISIBLE_DEVICES']} {time.time()}")
     release = out.with_suffix(".release")
@@ -126,7 +128,7 @@ def test_lease_picks_from_cuda_visible_devices_and_exports_its_choice(tmp_path, 
 
 
 def test_lease_asking_more_devices_than_exist_fails_clearly(tmp_path):
-    with pytest.raises(gpus.GpuAllocationError, match="need 8 GPU.*shows 2"):
+    with pytest.raises(gpus.GpuAllocationError, match=r"need 8 GPU.*shows 2"):
         gpus.GpuLease(8, devices=["0", "1"], lock_dir=tmp_path).acquire()
 
 

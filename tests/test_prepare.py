@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from eagle3_pipeline import fileio, prepare
+
 from synth_rows import record, write_lines, write_records
 
 SEQ = 8
@@ -152,7 +153,7 @@ def test_rows_loss_mask_and_truncation(tmp_path):
     assert got["cut"]["seq_len"] == 8
     assert got["multi"]["input_ids"] == [1, 40, 41, 2, 42, 3, 50, 51]
     assert got["multi"]["loss_mask"] == [0, 0, 0, 0, 0, 0, 1, 1]
-    assert got["edge"]["input_ids"] == list(range(100, 107)) + [60]
+    assert got["edge"]["input_ids"] == [*range(100, 107), 60]
     assert got["edge"]["loss_mask"] == [0] * 7 + [1]
     for row in got.values():
         assert len(row["input_ids"]) == len(row["loss_mask"]) == row["seq_len"]

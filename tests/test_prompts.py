@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def test_missing_package_names_the_install(monkeypatch):
             "no-such-dist-xyz", "1.0", "x.jsonl", "0" * 64, "pip install no-such-dist-xyz==1.0"
         ),
     )
-    with pytest.raises(FileNotFoundError, match="pip install no-such-dist-xyz==1.0"):
+    with pytest.raises(FileNotFoundError, match=re.escape("pip install no-such-dist-xyz==1.0")):
         prompts.packaged_file("humaneval")
 
 
@@ -588,8 +589,8 @@ def test_mtbench_and_humaneval_normalized():
         m(
             "user",
             (
-                "Complete the following Python function. Reply with the complete function in a single "
-                "Python code block.\n\n```python\n" + p0.strip("\n") + "\n```"
+                "Complete the following Python function. Reply with the complete function in a "
+                "single Python code block.\n\n```python\n" + p0.strip("\n") + "\n```"
             ),
         )
     ]
@@ -624,7 +625,7 @@ def test_train_pool_and_benchmark_sets_are_independent(tmp_path):
     adding a benchmark set rewrites no other output, byte for byte."""
     bench = [{"name": "mtbench", "source": "mtbench", "n": 3}]
     one = params([{"source": "sharegpt", "n": 20}], bench)
-    two = params(one["train"], bench + [{"name": "he", "source": "humaneval", "n": 2}])
+    two = params(one["train"], [*bench, {"name": "he", "source": "humaneval", "n": 2}])
     for name, p in (("one", one), ("two", two)):
         d = tmp_path / name
         prompts.build_train(p, d / "train.jsonl.zst", d / "train.stats.json")

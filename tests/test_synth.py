@@ -347,11 +347,13 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
     log = "\n".join(
         [
             "INFO 11-30 20:59:01 [api_server.py:1] vLLM API server version 0.32.0",
-            "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to start.",
+            "(EngineCore_DP0 pid=77) ERROR 11-30 20:59:09 [core.py:708] EngineCore failed to "
+            "start.",
             "(EngineCore_DP0 pid=77) Traceback (most recent call last):",
-            '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in default_weight_loader',
-            "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight (torch.Size([576, 1721]))"
-            " into parameter (torch.Size([576, 1728]))",
+            '(EngineCore_DP0 pid=77)   File "/x/weight_utils.py", line 10, in '
+            "default_weight_loader",
+            "(EngineCore_DP0 pid=77) AssertionError: Attempted to load weight "
+            "(torch.Size([576, 1721])) into parameter (torch.Size([576, 1728]))",
             "RuntimeError: Engine core initialization failed. See root cause above.",
             "RuntimeError: Engine core initialization failed. See root cause above.",
             "INFO 11-30 20:59:10 [launcher.py:2] No Error: this line is not an exception",
@@ -364,3 +366,20 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
         "RuntimeError: Engine core initialization failed. See root cause above.",
     ]
     assert exception_lines("all fine\nINFO ready") == []
+
+
+def test_child_processes_import_the_package_without_an_install(tmp_path):
+    """The server guard, the training entry point and vLLM's connector module run in child
+    interpreters; on a host where the package is not installed (an offline GPU host using
+    the checkout) they failed with `No module named 'eagle3_pipeline'`."""
+    from eagle3_pipeline.server import ServerSpec, VllmServer
+    from eagle3_pipeline.server_guard import with_package_on_path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = VllmServer(ServerSpec(model="m"), tmp_path / "log").environment()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == src
+    # -S: no site-packages, so no editable install either: only PYTHONPATH finds the package.
+    probe = [sys.executable, "-S", "-c", "import eagle3_pipeline.server_guard"]
+    bare = {"PATH": os.environ["PATH"]}
+    assert subprocess.run(probe, env=bare, capture_output=True).returncode != 0
+    assert subprocess.run(probe, env=with_package_on_path(bare)).returncode == 0

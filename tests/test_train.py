@@ -25,8 +25,7 @@ from eagle3_pipeline.train.fingerprint import fingerprint, prepare_work_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import hidden_states_fixture  # noqa: E402
-from train_fixtures import EPOCHS, TRAIN_CFG, _records, _run_kwargs  # noqa: E402
+from train_fixtures import EPOCHS, _records
 
 
 def schema_train_defaults() -> dict:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from eagle3_pipeline import fileio, prepare, vocab
+
 from synth_rows import record, write_lines, write_records
 
 

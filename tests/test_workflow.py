@@ -216,7 +216,8 @@ def test_llama_profile_plans(tmp_path, fake_model_dir):
 
 
 def slurm_calls(*args: str, workdir: Path) -> list[dict]:
-    """sbatch calls built by snakemake-executor-plugin-slurm's own code (scripts/slurm_preview.py)."""
+    """sbatch calls built by snakemake-executor-plugin-slurm's own code
+    (scripts/slurm_preview.py)."""
     cmd = [
         sys.executable,
         str(REPO / "scripts" / "slurm_preview.py"),

@@ -147,10 +147,14 @@ async def _run_set(
 
 def compare_outputs(base: list[list[int]], spec: list[list[int]]) -> dict[str, Any]:
     differing, examples = 0, []
-    for i, (a, b) in enumerate(zip(base, spec)):
+    for i, (a, b) in enumerate(zip(base, spec, strict=True)):
         if a != b:
             differing += 1
-            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            # the first position where they differ, or where the shorter one ends
+            pos = next(
+                (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)),
+            )
             if len(examples) < 3:
                 examples.append(
                     {
@@ -440,9 +444,10 @@ def judge(runs: list[dict], cfg: dict) -> dict[str, Any]:
         return {
             "ok": False,
             "message": (
-                f"DRAFTER NOT WORKING: acceptance length {worst:.2f} < {cfg['min_acceptance_length']}"
-                " (1.0 means every draft is rejected). Typical causes: untrained or undertrained "
-                "drafter, or a train/serve mismatch (layer ids, vocab map, norms)."
+                f"DRAFTER NOT WORKING: acceptance length {worst:.2f} < "
+                f"{cfg['min_acceptance_length']} (1.0 means every draft is rejected). Typical "
+                "causes: untrained or undertrained drafter, or a train/serve mismatch (layer ids, "
+                "vocab map, norms)."
             ),
         }
     for r in runs:
@@ -459,9 +464,9 @@ def judge(runs: list[dict], cfg: dict) -> dict[str, Any]:
                 "ok": False,
                 "message": (
                     f"TRAIN/SERVE MISMATCH? {r['prompt_set']} (k={r['k']}): measured acceptance "
-                    f"length {got:.2f}, training validation predicts {pred:.2f}. Check the drafter's "
-                    "aux layer ids, vocab map, norms and sliding window against the target "
-                    "(report section 'Train/serve consistency')."
+                    f"length {got:.2f}, training validation predicts {pred:.2f}. Check the "
+                    "drafter's aux layer ids, vocab map, norms and sliding window against the "
+                    "target (report section 'Train/serve consistency')."
                 ),
             }
     return {"ok": True, "message": f"acceptance length {worst:.2f}..{max(taus):.2f}"}

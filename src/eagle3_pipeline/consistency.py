@@ -115,7 +115,7 @@ def check(
     *,
     configured: dict[str, Any] | None = None,
     vocab_map: tuple[str | Path, str | Path] | None = None,
-    target_window: int | None | object = _TARGET_WINDOW,
+    target_window: int | object | None = _TARGET_WINDOW,
 ) -> dict[str, Any]:
     """Check the drafter at ``drafter_dir`` against the extraction ``manifest`` and the target
     (``target/target.json``); with ``configured`` (the resolved ``train`` config) also against

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -144,7 +145,7 @@ class ShardBook:
             entries.update((e["index"], e) for e in shard_entries(self.root, s))
         with ThreadPoolExecutor(workers) as pool:
             ok = list(pool.map(lambda e: intact(self.root, e, self.S), entries.values()))
-        for e, good in zip(entries.values(), ok):
+        for e, good in zip(entries.values(), ok, strict=True):
             i = e["index"]
             if not good:
                 self.corrupt.append(i)
@@ -370,9 +371,8 @@ class Extractor:
         os.replace(staged, dest)
         mtime_ns = dest.stat().st_mtime_ns
         t.append(clock())
-        for phase, a, b in zip(
-            ("wait_write", "read", "parse", "checks", "probe", "hash_move"), t, t[1:]
-        ):
+        phases = ("wait_write", "read", "parse", "checks", "probe", "hash_move")
+        for phase, (a, b) in zip(phases, itertools.pairwise(t), strict=True):
             self.timings[phase] = self.timings.get(phase, 0.0) + (b - a)
         return {
             "index": index,
@@ -409,7 +409,7 @@ class Extractor:
                     f"sample {index}: {e}. The extracted hidden states are "
                     "wrong; nothing of this sample was kept."
                 ) from e
-            except Exception as e:  # noqa: BLE001 - counted, retried on the next run
+            except Exception as e:
                 check_alive()
                 failures_in_a_row += 1
                 self.failures.append({"index": index, "error": f"{type(e).__name__}: {e}"})
@@ -516,7 +516,7 @@ def run_part(
     target = load_info(target_json)
     arch = target["architecture"]
     aux, final = resolve_layers(cfg, arch)
-    layer_ids = aux + [final]
+    layer_ids = [*aux, final]
     root, dataset_dir = Path(root).resolve(), Path(dataset_dir)
     ds = load_from_disk(str(dataset_dir)).with_format(None)
     S = cfg["samples_per_shard"]

@@ -149,7 +149,7 @@ class AppendLog:
         if self.path.exists() and self.path.stat().st_size != good_end:
             with open(self.path, "rb+") as fh:
                 fh.truncate(good_end)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held until close()
         return rows
 
     def append(self, row: dict) -> None:

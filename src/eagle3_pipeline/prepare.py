@@ -204,7 +204,7 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
     lens = np.concatenate(seq_lens) if seq_lens else np.zeros(0, dtype=np.int64)
     return {
         "rows_in": rows_in,
-        "rows_kept": int(len(lens)),
+        "rows_kept": len(lens),
         "rows_dropped": int(sum(dropped.values())),
         "dropped_by_reason": dict(sorted(dropped.items())),
         "rows_truncated": int(truncated),

@@ -179,8 +179,8 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
                 (
                     "p",
                     "τ = 1 + accepted / drafts from vLLM's spec-decode counters; τ predicted = "
-                    "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. A measured τ "
-                    "far below the prediction points at a train/serve mismatch.",
+                    "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. A "
+                    "measured τ far below the prediction points at a train/serve mismatch.",
                 ),
                 ("img", "acceptance_length"),
                 ("img", "acceptance_per_position"),
@@ -347,6 +347,7 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
 
     val = best_val(train)
     tp = train.get("throughput") or {}
+    epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
     acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
     out.append(
         (
@@ -356,10 +357,7 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
                     "table",
                     ["", ""],
                     [
-                        [
-                            "epochs (exported: best by validation loss)",
-                            f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})",
-                        ],
+                        ["epochs (exported: best by validation loss)", epochs],
                         ["validation loss", _fmt(val.get("loss"))],
                         ["validation full accuracy per TTT step", acc(val.get("full_acc"))],
                         ["validation conditional accuracy per TTT step", acc(val.get("cond_acc"))],

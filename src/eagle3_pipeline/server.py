@@ -10,6 +10,7 @@ processes behind holding GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -200,14 +201,14 @@ class VllmServer:
             if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
                 env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
         env.update(self.spec.env)
-        return env
+        return server_guard.with_package_on_path(env)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cache_root.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
@@ -216,7 +217,7 @@ class VllmServer:
             log.info("starting vLLM server on 127.0.0.1:%d (log: %s)", self.port, self.log_path)
             log.info("command: %s", " ".join(argv[5:]))
             self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-            logf = open(self.log_path, "ab", buffering=0)
+            logf = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - closed below
             try:
                 self.proc = subprocess.Popen(
                     argv,
@@ -309,13 +310,11 @@ class VllmServer:
             log.warning("server ignored SIGINT for %.0f s; killing it", self.spec.shutdown_grace_s)
         except ProcessLookupError:
             pass
-        try:  # the whole group: engine-core and worker processes too
+        with contextlib.suppress(ProcessLookupError):  # the whole group: engine core, workers
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

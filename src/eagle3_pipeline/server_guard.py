@@ -13,12 +13,25 @@ the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+
+
+def with_package_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this package's parent directory first on PYTHONPATH.
+
+    Child processes run this package's own modules (this guard, the training entry point,
+    vLLM's connector module): they must import it even where it is not installed, e.g. a
+    checkout used through ``sys.path`` on an offline GPU host.
+    """
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
+    return {**env, "PYTHONPATH": os.pathsep.join([src, *rest])}
 
 
 def command(cmd: list[str], grace_s: float) -> list[str]:
@@ -41,10 +54,8 @@ def _kill_group(grace_s: float, child: subprocess.Popen | None, interrupt: bool)
     if child is not None and child.poll() is None:
         if interrupt:  # a second SIGINT makes vLLM skip parts of its clean shutdown
             os.killpg(0, signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
     sys.stdout.flush()
     os.killpg(0, signal.SIGKILL)  # everything left in the group, the guard included
 

@@ -15,7 +15,9 @@ def percentiles(values: Iterable[float], qs: Iterable[float] = (50, 90, 99, 100)
     if v.size == 0:
         return {}
     qs = list(qs)
-    return {f"p{q}": float(x) for q, x in zip(qs, np.percentile(v, qs))} | {"mean": float(v.mean())}
+    return {f"p{q}": float(x) for q, x in zip(qs, np.percentile(v, qs), strict=True)} | {
+        "mean": float(v.mean())
+    }
 
 
 def median(values: Iterable[float]) -> float | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import client as client_lib
+from .config import RESULT_KEYS
 from .fileio import (
     AppendLog,
     atomic_path,
@@ -35,7 +36,6 @@ from .fileio import (
     write_json,
     write_jsonl_zst,
 )
-from .config import RESULT_KEYS
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
@@ -285,7 +285,7 @@ def _mismatch(tokenizer, part: str, rendered: list[int], stored: list[int], rid:
     tokenized differently: models often emit non-canonical BPE splits) from a real one (the
     text differs, e.g. a stripped thinking wrapper)."""
     pos = next(
-        (i for i, (a, b) in enumerate(zip(rendered, stored)) if a != b),
+        (i for i, (a, b) in enumerate(zip(rendered, stored, strict=False)) if a != b),
         min(len(rendered), len(stored)),
     )
     lo = max(0, pos - 8)

@@ -57,7 +57,7 @@ def _find_tensor_file(model_dir: Path, pattern: str) -> tuple[str, Path]:
         from safetensors import safe_open
 
         with safe_open(f, framework="pt") as fh:
-            for name in fh.keys():
+            for name in fh.keys():  # noqa: SIM118 - a safe_open handle is not iterable
                 if re.search(pattern, name):
                     return name, f
     raise FileNotFoundError(f"no tensor matching {pattern!r} in {model_dir}")
@@ -170,10 +170,10 @@ def reference_errors(
         str(model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
     )
     model.eval()
-    per_layer = {str(l): 0.0 for l in layer_ids}
+    per_layer = {str(layer): 0.0 for layer in layer_ids}
     for ids, hidden in samples:
         refs = reference_hidden_states(model, ids, layer_ids)
-        for j, (lid, ref) in enumerate(zip(layer_ids, refs)):
+        for j, (lid, ref) in enumerate(zip(layer_ids, refs, strict=True)):
             ref = ref.float().cpu()
             got = hidden[:, j].float().cpu()
             err = float((got - ref).norm() / ref.norm().clamp_min(1e-12))

@@ -1,11 +1,12 @@
 """A CPU-capable variant of vLLM's ``ExampleHiddenStatesConnector``.
 
 vLLM loads this module inside the server (``kv_connector_module_path``); it imports only the
-light ``shards`` module of the pipeline. The stock connector copies hidden states off the GPU through a
-CUDA stream into pinned memory, which fails on a CPU build (``pin_memory=True requires a CUDA
-... backend``). On CUDA with bf16 storage of a bf16 server this class behaves exactly like the stock one;
-otherwise it converts on the device (bf16, or fp8) and copies synchronously. With ``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled
-float8 like hs-connectors' ``FP8HiddenStatesConnector`` (same keys, so ``FP8Transfer`` reads it).
+light ``shards`` module of the pipeline. The stock connector copies hidden states off the GPU
+through a CUDA stream into pinned memory, which fails on a CPU build (``pin_memory=True requires
+a CUDA ... backend``). On CUDA with bf16 storage of a bf16 server this class behaves exactly like
+the stock one; otherwise it converts on the device (bf16, or fp8) and copies synchronously. With
+``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled float8 like
+hs-connectors' ``FP8HiddenStatesConnector`` (same keys, so ``FP8Transfer`` reads it).
 """
 
 from __future__ import annotations

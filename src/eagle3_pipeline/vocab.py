@@ -116,9 +116,8 @@ def choose_k(
 
 
 def _save_npy(path: str | os.PathLike, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, arr)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, arr)
 
 
 def plot_coverage(

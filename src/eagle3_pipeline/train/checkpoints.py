@@ -50,7 +50,7 @@ def checkpoint_problem(ckpt: Path, scheduler: bool) -> str | None:
     needed = ["config.json", "model.safetensors", "optimizer_state_dict.pt"]
     if scheduler:
         needed.append("scheduler_state_dict.pt")
-    for name in needed + ["training_state.json"]:
+    for name in [*needed, "training_state.json"]:
         if not (ckpt / name).is_file():
             return f"missing {name}"
     try:

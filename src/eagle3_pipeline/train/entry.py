@@ -172,7 +172,7 @@ class MetricsHandler(logging.Handler):
                 self.writer.write("train", dict(msg), t=record.created)
             elif "val" in msg:
                 self.writer.write("val", dict(msg), t=record.created)
-        except Exception:  # noqa: BLE001 - metrics must never stop training
+        except Exception:
             self.handleError(record)
 
 

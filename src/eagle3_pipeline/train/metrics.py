@@ -3,6 +3,7 @@ with throughput and resume history."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def summarize(
             by_iter.setdefault((r["attempt"], r["iter"]), []).append(r)
     for rows in by_iter.values():
         rows = [r for r in rows if r["i"] >= warmup_steps]
-        for a, b in zip(rows, rows[1:]):
+        for a, b in itertools.pairwise(rows):
             waits.append(b["wait_s"])
             intervals.append(b["t"] - a["t"])
     ends = [r for r in records if r["kind"] == "end"]

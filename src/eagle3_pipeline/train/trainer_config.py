@@ -160,7 +160,7 @@ def trainer_args(
         "log_freq": int(c["log_freq"]),
         "save_path": str(save_path),
         "fsdp_shard": bool(c.get("fsdp", False)),
-        # metric records come from train_entry's handler; no extra logger backend
+        # metric records come from train.entry's handler; no extra logger backend
         "logger": "",
         "log_dir": str(log_dir),
         "run_name": "eagle3-pipeline",

@@ -1,0 +1,66 @@
+"""How much of a synth run's answers repeat themselves (greedy loops of a small target).
+
+    .venv/bin/python benchmarks/synth_repetition.py results/gpu-quality/synth/synth.jsonl.zst \
+        --out benchmarks/results/h200/gpu-quality/synth_repetition.json
+
+A drafter predicts a looping answer almost perfectly, so the share of completion tokens that
+continue an n-gram already seen earlier in the same answer bounds how much of a high
+validation accuracy (and predicted acceptance length) comes from loops rather than from
+language. Reports, per n: the share of such tokens over all completion tokens, and the share
+of answers that stopped at max_tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from eagle3_pipeline.fileio import iter_jsonl
+
+
+def repeated_tokens(ids: list[int], n: int) -> int:
+    """Tokens that end an n-gram which already occurred earlier in ``ids``."""
+    seen: set[tuple[int, ...]] = set()
+    hits = 0
+    for i in range(n, len(ids) + 1):
+        gram = tuple(ids[i - n : i])
+        if gram in seen:
+            hits += 1
+        seen.add(gram)
+    return hits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", help="a synth stage output (synth.jsonl.zst)")
+    ap.add_argument("--n", type=int, nargs="+", default=[4, 8, 16, 32])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    total, answers, at_limit = 0, 0, 0
+    hits = dict.fromkeys(args.n, 0)
+    for rec in iter_jsonl(args.records):
+        ids = rec["completion_token_ids"]
+        answers += 1
+        total += len(ids)
+        at_limit += rec.get("finish_reason") == "length"
+        for n in args.n:
+            hits[n] += repeated_tokens(ids, n)
+    result = {
+        "records": "/".join(Path(args.records).parts[-3:]),  # <run>/synth/<file>
+        "answers": answers,
+        "completion_tokens": total,
+        "stopped_at_max_tokens": at_limit / answers,
+        "repeated_ngram_token_share": {str(n): hits[n] / total for n in args.n},
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
