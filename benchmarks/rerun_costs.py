@@ -70,7 +70,10 @@ ROWS: dict[str, dict] = {
     "edit a benchmark set (mtbench n 8 -> 6)": {
         "config": {
             "prompts": {
-                "bench": [{**DEFAULT["prompts"]["bench"][0], "n": 6}, *DEFAULT["prompts"]["bench"][1:]]
+                "bench": [
+                    {**DEFAULT["prompts"]["bench"][0], "n": 6},
+                    *DEFAULT["prompts"]["bench"][1:],
+                ]
             }
         },
     },
