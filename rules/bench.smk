@@ -27,5 +27,6 @@ rule bench:
         config=result("bench"),
         code=code("workflow_scripts/bench.py"),
         cache_dir=out("bench/.cache"),
+        sets=bench_sets(),
     script:
         "../workflow_scripts/bench.py"

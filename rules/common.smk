@@ -105,8 +105,24 @@ def extract_parts():
 
 
 def bench_sets():
-    """The benchmark prompt sets the bench stage measures."""
-    return config["bench"]["prompt_sets"]
+    """The benchmark prompt sets the bench stage measures (the held-out set included)."""
+    return cfglib.bench_sets(config)
+
+
+# prompts_bench makes every benchmark set but the held-out one, which prompts_train writes
+# (a wildcard pattern for prompts/bench_{name}.<ext>: the name is not followed by its ".")
+NOT_HELDOUT = rf"(?!{cfglib.HELDOUT_SET}\.)[A-Za-z0-9_-]+"
+
+
+def heldout_outputs():
+    """prompts_train's outputs for the held-out benchmark set, when prompts.heldout > 0."""
+    if not config["prompts"]["heldout"]:
+        return {}
+    name = cfglib.HELDOUT_SET
+    return {
+        "heldout": out(f"prompts/bench_{name}.jsonl"),
+        "heldout_stats": out(f"prompts/bench_{name}.stats.json"),
+    }
 
 
 def final_targets():

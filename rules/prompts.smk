@@ -1,9 +1,11 @@
 rule prompts_train:
-    """The training prompt pool, normalized to one schema."""
+    """The training prompt pool, normalized to one schema, and the held-out benchmark set
+    taken out of it (prompts.heldout > 0)."""
     input:
         # the user's prompt files: editing one re-runs this job and what depends on it
         files=train_prompt_files(),
     output:
+        **heldout_outputs(),
         train=out("prompts/train.jsonl.zst"),
         stats=out("prompts/train.stats.json"),
     log:
@@ -20,12 +22,13 @@ rule prompts_train:
 
 
 rule prompts_bench:
-    """One benchmark prompt set (a job per set: adding one touches no other)."""
+    """One benchmark prompt set (a job per set: adding one touches no other). The held-out
+    set is not one of them: prompts_train writes it."""
     input:
         files=bench_prompt_files,
     output:
-        prompts=out("prompts/bench_{name}.jsonl"),
-        stats=out("prompts/bench_{name}.stats.json"),
+        prompts=out(f"prompts/bench_{{name,{NOT_HELDOUT}}}.jsonl"),
+        stats=out(f"prompts/bench_{{name,{NOT_HELDOUT}}}.stats.json"),
     log:
         log_of("prompts_bench_{name}"),
     benchmark:

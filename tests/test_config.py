@@ -106,7 +106,7 @@ INVALID = {
         [
             "`bench.prompt_sets`",
             "'gsm8k' is not defined in prompts.bench",
-            "defined: ['humaneval', 'mtbench']",
+            "defined: ['heldout', 'humaneval', 'mtbench']",
         ],
     ),
     "local target without path": (
@@ -159,6 +159,15 @@ INVALID = {
         [{"name": "my set", "source": "mtbench"}],
         ["`prompts.bench[0].name`", "does not match the pattern"],
     ),
+    "a benchmark set named like the held-out set": (
+        "prompts.bench",
+        [
+            {"name": "mtbench", "source": "mtbench"},
+            {"name": "humaneval", "source": "humaneval"},
+            {"name": "heldout", "source": "mtbench", "n": 3},
+        ],
+        ["`prompts.bench`", "'heldout' is the name of the set that prompts.heldout takes"],
+    ),
     "api key without endpoint": (
         "synth.api_key_env",
         "MY_KEY",
@@ -177,6 +186,18 @@ def test_invalid_config_names_key_and_expectation(case):
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     assert message.startswith("Invalid configuration:")
     assert message.endswith("(every key, its type and its default: config/schema.yaml)")
+
+
+def test_the_heldout_set_is_benched_when_prompts_heldout_is_set():
+    cfg = cfglib.validate(default())
+    assert cfg["prompts"]["heldout"] == 8
+    assert cfglib.bench_sets(cfg) == ["mtbench", "humaneval", "heldout"]
+    listed = cfglib.validate(set_key(default(), "bench.prompt_sets", ["heldout", "mtbench"]))
+    assert cfglib.bench_sets(listed) == ["heldout", "mtbench"]  # named once, where listed
+    off = cfglib.validate(set_key(default(), "prompts.heldout", 0))
+    assert cfglib.bench_sets(off) == ["mtbench", "humaneval"]
+    message = problems_of(set_key(off, "bench.prompt_sets", ["mtbench", "heldout"]))
+    assert "'heldout' is not defined" in message and "needs prompts.heldout > 0" in message
 
 
 def test_local_target_path_without_config_json(tmp_path):

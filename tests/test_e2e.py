@@ -24,8 +24,8 @@ def run_dir(ci_run) -> Path:
 def test_report_numbers_are_real(run_dir):
     bench = json.loads((run_dir / "bench" / "metrics.json").read_text())
     runs = bench["runs"]
-    # two packaged sets of 3 questions and the user's file set of 2
-    sizes = {"mtbench": 3, "humaneval": 3, "mybench": 2}
+    # two packaged sets of 3 questions, the user's file set of 2 and 3 held-out training prompts
+    sizes = {"mtbench": 3, "humaneval": 3, "mybench": 2, "heldout": 3}
     assert [r["prompt_set"] for r in runs] == list(sizes)
     for r in runs:
         assert r["drafts"] > 0 and r["draft_tokens"] == 2 * r["drafts"]
@@ -56,6 +56,19 @@ def test_report_numbers_are_real(run_dir):
     assert html.count("data:image/png;base64,") == len(plots)
     md = (run_dir / "report" / "report.md").read_text()
     assert "τ measured" in md
+
+
+def test_heldout_prompts_are_benchmarked_and_never_trained_on(run_dir):
+    from eagle3_pipeline.fileio import iter_jsonl
+
+    held = [r["id"] for r in iter_jsonl(run_dir / "prompts" / "bench_heldout.jsonl")]
+    answered = {r["id"] for r in iter_jsonl(run_dir / "synth" / "synth.jsonl.zst")}
+    assert len(held) == 3 and len(answered) == 32 and not set(held) & answered
+    bench = json.loads((run_dir / "bench" / "metrics.json").read_text())
+    verdict = bench["verdict"]
+    assert verdict["message"] == (verdict["problems"] or [verdict["message"]])[0]
+    html = (run_dir / "report" / "report.html").read_text()
+    assert "heldout (never trained on)" in html and verdict["message"] in html
 
 
 def test_every_stage_verified_its_output(run_dir):

@@ -632,3 +632,65 @@ def test_train_pool_and_benchmark_sets_are_independent(tmp_path):
         prompts.build_bench(p, bench[0], d / "bench_mtbench.jsonl", d / "mtbench.stats.json")
     for f in ("train.jsonl.zst", "bench_mtbench.jsonl"):
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes()
+
+
+# ----------------------------------------------------------------------------- held-out set
+
+
+def test_heldout_prompts_are_taken_out_of_the_training_pool(tmp_path):
+    """prompts.heldout: N prompts of the pool are never trained on and become the benchmark
+    set `heldout`; the rest is the training pool, in pool order. Seeded and deterministic."""
+
+    def build(d, **kw):
+        p = params([{"source": "sharegpt", "n": 20}, {"source": "mtbench", "n": 5}], **kw)
+        st = prompts.build_train(
+            p, d / "train.jsonl.zst", d / "train.stats.json", d / "held.jsonl", d / "held.json"
+        )
+        held = list(iter_jsonl(d / "held.jsonl")) if (d / "held.jsonl").exists() else None
+        return st, list(iter_jsonl(d / "train.jsonl.zst")), held
+
+    _, pool, nothing_held = build(tmp_path / "all", heldout=0)
+    assert len(pool) == 25 and nothing_held is None
+    stats, train, held = build(tmp_path / "a", heldout=4)
+    assert len(held) == 4 and len(train) == 21
+    assert {r["id"] for r in train} | {r["id"] for r in held} == {r["id"] for r in pool}
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    assert [r["id"] for r in train] == [r["id"] for r in pool if r not in held]
+    assert stats["totals"]["heldout"] == 4 and stats["output"]["rows"] == 21
+    assert sum(s["heldout"] for s in stats["train"].values()) == 4
+    held_stats = read_json(tmp_path / "a" / "held.json")
+    assert held_stats["bench"]["heldout"]["sampled"] == 4
+    assert held_stats["bench"]["heldout"]["rows_read"] == 25
+    build(tmp_path / "b", heldout=4)
+    for f in ("train.jsonl.zst", "held.jsonl"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    _, _, other_seed = build(tmp_path / "c", heldout=4, seed=1)
+    assert other_seed != held
+
+
+def test_heldout_choice_is_stable_when_other_prompts_change():
+    """A prompt is held out by its own id: removing or adding other prompts keeps it out, so
+    editing a prompt file does not move prompts between training and the held-out set."""
+    rows = [{"id": f"p{i}"} for i in range(40)]
+    _, held = prompts.split_heldout(rows, 5, seed=0)
+    kept = [r for r in rows if r not in held]
+    fewer = [r for r in rows if r not in kept[:10]]  # ten training prompts removed
+    assert prompts.split_heldout(fewer, 5, seed=0)[1] == held
+    more = [*rows, *({"id": f"new{i}"} for i in range(3))]
+    assert set(map(str, held)) - set(map(str, prompts.split_heldout(more, 8, seed=0)[1])) == set()
+
+
+def test_heldout_must_leave_prompts_to_train_on(tmp_path):
+    with pytest.raises(ValueError, match=r"`prompts\.heldout`: 5 held-out prompts leave none"):
+        prompts.build_train(
+            params([{"source": "mtbench", "n": 5}], heldout=5),
+            tmp_path / "t.jsonl.zst",
+            tmp_path / "s.json",
+            tmp_path / "h.jsonl",
+            tmp_path / "hs.json",
+        )
+    with pytest.raises(ValueError, match="needs a path for the held-out benchmark set"):
+        prompts.build_train(
+            params([{"source": "mtbench", "n": 5}], heldout=2), tmp_path / "t", tmp_path / "s"
+        )
+    assert not list(tmp_path.iterdir())

@@ -11,7 +11,7 @@ run_job(
         drafter_dir=i.drafter.rsplit("/", 1)[0],
         manifest_path=i.manifest,
         train_metrics=i.train_metrics,
-        prompt_files=dict(zip(p.config["bench"]["prompt_sets"], i.prompts, strict=True)),
+        prompt_files=dict(zip(p.sets, i.prompts, strict=True)),
         metrics_out=o.metrics,
         cfg=job_section(snakemake.config, p.config, "bench"),
         vllm_cfg=job_section(snakemake.config, p.config, "vllm"),

@@ -9,7 +9,13 @@ from eagle3_pipeline.runtime import run_job
 def job(i, o, p, log):
     section = job_section(snakemake.config, p.config, "prompts")
     if snakemake.rule == "prompts_train":
-        prompts.build_train(section, train_out=o.train, stats_out=o.stats)
+        prompts.build_train(
+            section,
+            train_out=o.train,
+            stats_out=o.stats,
+            heldout_out=o.get("heldout"),
+            heldout_stats_out=o.get("heldout_stats"),
+        )
     else:
         [spec] = section["bench"]
         prompts.build_bench(section, spec, out=o.prompts, stats_out=o.stats)

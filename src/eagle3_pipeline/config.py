@@ -248,11 +248,19 @@ def check_semantics(cfg: dict) -> list[str]:
 
     check_sources("prompts.train", cfg["prompts"]["train"])
     bench_names = check_sources("prompts.bench", cfg["prompts"]["bench"])
+    if HELDOUT_SET in bench_names:
+        problems.append(
+            f"config key `prompts.bench`: {HELDOUT_SET!r} is the name of the set that "
+            "prompts.heldout takes out of the training pool; name this set differently"
+        )
+    elif cfg["prompts"]["heldout"]:
+        bench_names.add(HELDOUT_SET)
     for name in cfg["bench"]["prompt_sets"]:
         if name not in bench_names:
             problems.append(
                 f"config key `bench.prompt_sets`: {name!r} is not defined in "
-                f"prompts.bench (defined: {sorted(n for n in bench_names if n)})"
+                f"prompts.bench (defined: {sorted(n for n in bench_names if n)}"
+                + ("; the held-out set needs prompts.heldout > 0)" if name == HELDOUT_SET else ")")
             )
 
     if cfg["synth"]["api_key_env"] and not cfg["synth"]["endpoint"]:
@@ -303,6 +311,19 @@ def source_name(spec: dict) -> str:
     return spec["source"]
 
 
+# The benchmark set that prompts.heldout takes out of the training pool (a reserved name).
+HELDOUT_SET = "heldout"
+
+
+def bench_sets(cfg: dict) -> list[str]:
+    """The benchmark prompt sets the bench stage measures: ``bench.prompt_sets``, then the
+    held-out set when ``prompts.heldout`` > 0."""
+    sets = list(cfg["bench"]["prompt_sets"])
+    if cfg["prompts"]["heldout"] and HELDOUT_SET not in sets:
+        sets.append(HELDOUT_SET)
+    return sets
+
+
 def run_dir(cfg: dict) -> str:
     return f"{cfg['results_dir']}/{cfg['run']}"
 
@@ -336,7 +357,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "target.dtype",
         "target.trust_remote_code",
     ),
-    "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train"),
+    "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train", "prompts.heldout"),
     "prompts_bench": ("prompts.seed", "prompts.max_chars", "prompts.bench"),
     "synth": (
         "synth.max_tokens",

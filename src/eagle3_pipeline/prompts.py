@@ -51,6 +51,11 @@ Filtering, per source, in this order (:func:`filter_rows`, :func:`select`):
 
 A source fails the job (ValueError) when more than ``prompts.max_bad_fraction`` of the rows it
 read are malformed, empty or over-length.
+
+Held-out set: ``prompts.heldout: N`` takes N prompts out of the sampled training pool
+(:func:`split_heldout`: by a seeded hash of their ids) before synth, so they are never trained
+on, and writes them as the benchmark set ``heldout``. It is the one set drawn from the
+distribution training validates on, so the bench stage judges train/serve consistency there.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import source_name
+from .config import HELDOUT_SET, source_name
 from .fileio import (
     iter_lines,
     sha256_bytes,
@@ -642,6 +647,9 @@ def _totals(per_source: dict[str, dict]) -> dict:
             tot[k] += st[k]
         for r in BAD_REASONS:
             tot["skipped"][r] += st["skipped"][r]
+    held = sum(st.get("heldout", 0) for st in per_source.values())
+    if held:
+        tot["heldout"] = held  # sampled, then taken out of the training pool
     return tot
 
 
@@ -686,15 +694,75 @@ def _write_split(
     return result
 
 
-def build_train(params: dict, train_out: str | Path, stats_out: str | Path) -> dict:
+def split_heldout(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """``(training rows, held-out rows)``: the ``n`` rows whose seeded hash of their id is
+    smallest are held out, both lists in pool order. A row is held out or not by its own id,
+    so adding or removing other prompts does not reshuffle which ones are held out."""
+    if n == 0:
+        return rows, []
+    if n >= len(rows):
+        raise ValueError(
+            f"config key `prompts.heldout`: {n} held-out prompts leave none of the "
+            f"{len(rows)} prompts of the training pool to train on; lower it or add prompts"
+        )
+    rank = sorted(range(len(rows)), key=lambda i: sha256_bytes(f"{seed}/{rows[i]['id']}".encode()))
+    held = set(rank[:n])
+    return (
+        [r for i, r in enumerate(rows) if i not in held],
+        [r for i, r in enumerate(rows) if i in held],
+    )
+
+
+def build_train(
+    params: dict,
+    train_out: str | Path,
+    stats_out: str | Path,
+    heldout_out: str | Path | None = None,
+    heldout_stats_out: str | Path | None = None,
+) -> dict:
     """Write the training pool of every ``prompts.train`` source and its stats; return them.
 
-    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing keys).
+    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing keys;
+    ``heldout`` is 0 unless given). With ``heldout: N`` > 0, N prompts of the pool
+    (:func:`split_heldout`) are never trained on: they are written to ``heldout_out`` as the
+    benchmark set :data:`HELDOUT_SET`, where the acceptance predicted by validation applies.
     """
     params = {**DEFAULTS, **params}
+    n_heldout = int(params.get("heldout") or 0)
+    if n_heldout and heldout_out is None:
+        raise ValueError("prompts.heldout > 0 needs a path for the held-out benchmark set")
     t0 = time.monotonic()
-    rows, stats = _collect_split(params["train"], "train", params)
-    return _write_split("train", params, rows, stats, train_out, stats_out, t0)
+    rows_by_name, stats = _collect_split(params["train"], "train", params)
+    pool = [row for part in rows_by_name.values() for row in part]
+    train_rows, held = split_heldout(pool, n_heldout, params["seed"])
+    if held:
+        held_ids = {r["id"] for r in held}
+        for name, part in rows_by_name.items():
+            rows_by_name[name] = [r for r in part if r["id"] not in held_ids]
+            stats[name]["heldout"] = len(part) - len(rows_by_name[name])
+        heldout_stats = {
+            **new_counts(),
+            "source": HELDOUT_SET,
+            "name": HELDOUT_SET,
+            "rows_read": len(pool),
+            "kept": len(pool),
+            "sampled": len(held),
+            "from_sources": {name: st["heldout"] for name, st in stats.items()},
+        }
+        _write_split(
+            "bench",
+            params,
+            {HELDOUT_SET: held},
+            {HELDOUT_SET: heldout_stats},
+            heldout_out,
+            heldout_stats_out,
+            t0,
+        )
+    result = _write_split("train", params, rows_by_name, stats, train_out, stats_out, t0)
+    log.info(
+        "prompts: %d training prompts, %d held out for benchmarking", len(train_rows), len(held)
+    )
+    return result
 
 
 def build_bench(params: dict, spec: dict, out: str | Path, stats_out: str | Path) -> dict:
