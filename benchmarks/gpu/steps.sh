@@ -24,14 +24,22 @@ eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
     --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
 }
+# The extraction benchmarks read the rows of a finished prepare stage: the default GPU run's
+# (smoke), or another run's named by EFF_RUN, waited for when that run is still going.
+EFF_RUN=${EFF_RUN:-gpu}
+eff_data() {
+  until [ -f "results/$EFF_RUN/hidden_states/manifest.json" ]; do sleep 10; done
+}
 eff_extract() {
+  eff_data
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml \
-    --dataset results/gpu/prepare/dataset --target results/gpu/target/target.json \
+    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
     --rows 159 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput.json"
 }
 eff_extract_8b() {
+  eff_data
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
-    --dataset results/gpu/prepare/dataset --target results/gpu/target/target.json \
+    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
     --rows 128 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput_8b.json"
 }
 eff() { eff_synth && eff_extract && eff_extract_8b; }
