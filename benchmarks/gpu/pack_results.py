@@ -33,7 +33,11 @@ KEEP = [
     "repo/results/*/drafter*/config.json",
     "repo/results/*/drafter*/metrics.json",
     "repo/results/*/drafter*/loss.png",
+    "repo/results/*/drafter/*/config.json",  # one drafter per method (train.methods)
+    "repo/results/*/drafter/*/metrics.json",
+    "repo/results/*/drafter/*/loss.png",
     "repo/results/*/bench/*.json",
+    "repo/results/*/bench/*/metrics.json",
     "repo/results/*/report/report.*",
     "repo/results/*/report/plots/*",
     "repo/results/*/benchmarks/*.tsv",
