@@ -20,6 +20,18 @@ smoke() { smk smoke --configfile config/gpu.yaml; }
 quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth; }
 quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
 quality() { smk quality --configfile config/gpu-quality.yaml; }
+# EAGLE-3 next to DFlash (config/gpu-methods.yaml): a synth journal carried from an earlier
+# session is adopted once prompts and target exist (docs/gpu.md), EAGLE-3 is trained and
+# benchmarked first, then DFlash and the report (-k: one method's failure keeps the other's).
+METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml)
+methods_prep() {
+  smk methods "${METHODS_CFG[@]}" --until prompts_train target
+  if [ -f results/gpu-methods/synth/.partial/journal.jsonl ]; then
+    python3 benchmarks/gpu/adopt_synth_journal.py "${METHODS_CFG[@]}"
+  fi
+}
+methods_eagle3() { smk methods "${METHODS_CFG[@]}" results/gpu-methods/bench/eagle3/metrics.json; }
+methods() { smk methods "${METHODS_CFG[@]}" -k; }
 eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
     --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
