@@ -59,29 +59,32 @@ SYNTH = ["synth/synth.jsonl.zst", "synth/stats.json", "synth/.partial/*"]
 DRAFTERS = [f"drafter/{d}{f}" for d in ("", "*/") for f in ("*.json", "*.safetensors")]
 
 
-def pack_parts(base: Path, run: str, what: str, patterns: list[str], out: Path) -> None:
-    """Pack a run's files matching ``patterns`` into ``<run>-<what>.tar.xz.partNN`` beside
-    ``out``, each part small enough to come back."""
+def pack_parts(
+    base: Path, run: str, what: str, patterns: list[str], out: Path, compress: bool
+) -> None:
+    """Pack a run's files matching ``patterns`` into ``<run>-<what>.tar[.xz].partNN`` beside
+    ``out``, each part small enough to come back. (xz takes minutes on a drafter's weights and
+    gains little: those go uncompressed.)"""
     files = sorted(p for pat in patterns for p in (base / "repo/results" / run).glob(pat))
     if not files:
         print(f"{run}: no {what} files to pack")
         return
-    tmp = out.with_name(f"{run}-{what}.tar.xz")
-    with tarfile.open(tmp, "w:xz") as tar:
+    tmp = out.with_name(f"{run}-{what}.tar" + (".xz" if compress else ""))
+    with tarfile.open(tmp, "w:xz" if compress else "w") as tar:
         for p in files:
             tar.add(p, arcname=str(p.relative_to(base / "repo")))
     data = tmp.read_bytes()
     tmp.unlink()
     for i in range(0, len(data), LIMIT):
-        (out.parent / f"{run}-{what}.tar.xz.part{i // LIMIT:02d}").write_bytes(data[i : i + LIMIT])
+        (out.parent / f"{tmp.name}.part{i // LIMIT:02d}").write_bytes(data[i : i + LIMIT])
     print(f"packed {run}'s {what} ({len(files)} files) into {len(data) / 2**20:.1f} MiB of parts")
 
 
 def main(root: str, out: str, synth_runs: list[str], drafter_runs: list[str]) -> None:
     for run in synth_runs:
-        pack_parts(Path(root), run, "synth", SYNTH, Path(out))
+        pack_parts(Path(root), run, "synth", SYNTH, Path(out), compress=True)
     for run in drafter_runs:
-        pack_parts(Path(root), run, "drafters", DRAFTERS, Path(out))
+        pack_parts(Path(root), run, "drafters", DRAFTERS, Path(out), compress=False)
     base = Path(root)
     files = sorted({p for pat in KEEP for p in base.glob(pat) if p.is_file()})
     with tarfile.open(out, "w:xz") as tar:

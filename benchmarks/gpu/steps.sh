@@ -30,7 +30,8 @@ methods_prep() {
     python3 benchmarks/gpu/adopt_synth_journal.py "${METHODS_CFG[@]}"
   fi
 }
-methods_eagle3() { smk methods "${METHODS_CFG[@]}" results/gpu-methods/bench/eagle3/metrics.json; }
+# (targets before --configfile: Snakemake would read them as more config files)
+methods_eagle3() { smk methods results/gpu-methods/bench/eagle3/metrics.json "${METHODS_CFG[@]}"; }
 methods() { smk methods "${METHODS_CFG[@]}" -k; }
 eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
