@@ -26,7 +26,7 @@ from .config import HELDOUT_SET, RESULT_KEYS
 from .fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
 from .provenance import provenance
 from .runtime import for_each
-from .server import ServerError, VllmServer, spec_from_config
+from .server import ServerError, VllmServer, spec_for_target
 from .stats import percentiles
 from .target import load_info
 
@@ -262,10 +262,9 @@ def measure_sets(
     the prediction). Returns the rows and the number of servers started."""
 
     def start(spec_cfg: dict | None, what: str) -> VllmServer:
-        spec = spec_from_config(
+        spec = spec_for_target(
             vllm_cfg,
-            target["model_path"],
-            trust_remote_code=target.get("trust_remote_code", False),
+            target,
             extra_args=cfg["server_args"],
             speculative_config=spec_cfg,
         )

@@ -101,6 +101,20 @@ def spec_from_config(
     )
 
 
+def spec_for_target(vllm_cfg: dict, target: dict, **settings: Any) -> ServerSpec:
+    """A ServerSpec serving a stage's target (the contents of target.json); a tensor-parallel
+    size vLLM would refuse for it fails here, before the server starts."""
+    from .config import check_tensor_parallel
+
+    check_tensor_parallel(vllm_cfg["tensor_parallel_size"], target["architecture"])
+    return spec_from_config(
+        vllm_cfg,
+        target["model_path"],
+        trust_remote_code=target.get("trust_remote_code", False),
+        **settings,
+    )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
