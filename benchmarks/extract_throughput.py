@@ -174,10 +174,10 @@ def main() -> None:
             print(f"bare prefill  {rates['bare'][-1]:9.1f} tok/s", flush=True)
 
     arch = info["architecture"]
-    aux, final = extract.resolve_layers(cfg["extract"], arch)
+    _, captured, final = extract.resolve_layers(cfg["extract"], arch)
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp) / "staging"
-        spec = extract.server_spec(cfg["vllm"], info, [*aux, final], staging, cfg["extract"])
+        spec = extract.server_spec(cfg["vllm"], info, [*captured, final], staging, cfg["extract"])
         spec.extra_args += extra
         probe = extract.NextTokenProbe(info["model_path"], arch)
 
@@ -185,7 +185,7 @@ def main() -> None:
             root = Path(tmp) / f"hs{r}"
             book = extract.ShardBook(root, 64, range(args.rows))
             ex = extract.Extractor(
-                ds, book, probe, [*aux, final], arch["hidden_size"], cfg["extract"], staging
+                ds, book, probe, [*captured, final], arch["hidden_size"], cfg["extract"], staging
             )
             t0 = time.monotonic()
             asyncio.run(

@@ -150,11 +150,16 @@ def stage_records(run: Path, ran: list[str]) -> dict:
             "samples_extracted": sum(r["samples"] for r in rs),
             "samples_reused": sum(r["reused"] for r in rs),
         }
-    if "train" in ran:
-        out["train"] = read("drafter/metrics.json")["this_run"]
-    if "bench" in ran:
-        r = read("bench/metrics.json")["this_run"]
-        out["bench"] = {k: r[k] for k in ("servers_started", "measured_sets", "cached_sets")}
+    for job in ran:  # train[method=...], bench[method=...]: one job per drafter method
+        rule, _, wildcards = job.partition("[method=")
+        method = wildcards.rstrip("]")
+        if rule == "train":
+            out[job] = read(f"drafter/{method}/metrics.json")["this_run"]
+        if rule == "bench" or job == "bench_baseline":
+            r = read(f"bench/{method}/metrics.json" if method else "bench/baseline.json")
+            out[job] = {
+                k: r["this_run"][k] for k in ("servers_started", "measured_sets", "cached_sets")
+            }
     return out
 
 

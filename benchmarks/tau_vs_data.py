@@ -49,6 +49,21 @@ def main() -> None:
     from datasets import load_from_disk
 
     full = load_from_disk(str(run / "prepare" / "dataset"))
+    sets = {
+        name: str(run / "prompts" / f"bench_{name}.jsonl") for name in cfg["bench"]["prompt_sets"]
+    }
+    # EAGLE-3 drafters, against one baseline measured for all of them
+    bench_cfg = {**cfg["bench"], "num_speculative_tokens": cfglib.speculative_tokens(cfg, "eagle3")}
+    baseline = out / "baseline.json"
+    bench.run_baseline(
+        run / "target/target.json",
+        sets,
+        baseline,
+        bench_cfg,
+        cfg["vllm"],
+        cache_dir=out / "bench_cache",
+        log_path=out / "log.txt",
+    )
     curve_path = out / "curve.json"
     curve = read_json(curve_path) if curve_path.exists() else {"points": []}
     done = {p["samples"] for p in curve["points"]}
@@ -75,18 +90,15 @@ def main() -> None:
             log_path=out / "log.txt",
         )
         train_s = time.monotonic() - t0
-        sets = {
-            name: str(run / "prompts" / f"bench_{name}.jsonl")
-            for name in cfg["bench"]["prompt_sets"]
-        }
         b = bench.run(
             run / "target/target.json",
             d / "drafter",
             run / "hidden_states/manifest.json",
             d / "drafter/metrics.json",
             sets,
+            baseline,
             d / "bench.json",
-            cfg["bench"],
+            bench_cfg,
             cfg["vllm"],
             cache_dir=d / "bench_cache",
             log_path=out / "log.txt",

@@ -54,6 +54,7 @@ RUN = cfglib.run_dir(config)
 wildcard_constraints:
     part=r"\d+",
     name=r"[A-Za-z0-9_-]+",
+    method="|".join(cfglib.methods.METHODS),
 
 
 def out(path):
@@ -102,6 +103,11 @@ def gpus(stage):
 
 def extract_parts():
     return list(range(config["extract"]["jobs"]))
+
+
+def drafter_methods():
+    """The drafter methods trained and benchmarked side by side (train.methods)."""
+    return config["train"]["methods"]
 
 
 def bench_sets():

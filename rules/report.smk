@@ -9,9 +9,9 @@ rule report:
         vocab=out("vocab/coverage.json"),
         vocab_plot=out("vocab/coverage.png"),
         manifest=out("hidden_states/manifest.json"),
-        train=out("drafter/metrics.json"),
-        train_plot=out("drafter/loss.png"),
-        bench=out("bench/metrics.json"),
+        train=expand(out("drafter/{method}/metrics.json"), method=drafter_methods()),
+        train_plot=expand(out("drafter/{method}/loss.png"), method=drafter_methods()),
+        bench=expand(out("bench/{method}/metrics.json"), method=drafter_methods()),
     output:
         html=report(out("report/report.html"), category="Report", caption="../report/report.rst"),
         markdown=out("report/report.md"),

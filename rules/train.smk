@@ -1,5 +1,8 @@
 rule train:
-    """Train the EAGLE-3 drafter with speculators and export a checkpoint vLLM loads as-is."""
+    """Train one method's drafter with speculators and export a checkpoint vLLM loads as-is.
+
+    One job per method of train.methods, all from the same prepared rows, vocab map and hidden
+    states; each job's params carry only the keys its method reads."""
     input:
         target=out("target/target.json"),
         dataset=out("prepare/dataset"),
@@ -7,14 +10,19 @@ rule train:
         d2t=out("vocab/d2t.npy"),
         t2d=out("vocab/t2d.npy"),
     output:
-        config=out("drafter/config.json"),
-        weights=out("drafter/model.safetensors"),
-        metrics=out("drafter/metrics.json"),
-        plot=report(out("drafter/loss.png"), category="Training", caption="../report/train.rst"),
+        config=out("drafter/{method}/config.json"),
+        weights=out("drafter/{method}/model.safetensors"),
+        metrics=out("drafter/{method}/metrics.json"),
+        plot=report(
+            out("drafter/{method}/loss.png"),
+            category="Training",
+            subcategory="{method}",
+            caption="../report/train.rst",
+        ),
     log:
-        log_of("train"),
+        log_of("train_{method}"),
     benchmark:
-        bench_of("train")
+        bench_of("train_{method}")
     conda:
         "../envs/train.yaml"
     # On the CPU, training uses every core it is given (capped at --cores); on GPUs the cores
@@ -24,8 +32,8 @@ rule train:
         gpus=gpus("train"),
         gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
     params:
-        config=result("train"),
+        config=lambda wildcards: result("train", method=wildcards.method),
         code=code("workflow_scripts/train.py"),
-        work_dir=out("train_work"),
+        work_dir=out("train_work/{method}"),
     script:
         "../workflow_scripts/train.py"

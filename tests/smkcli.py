@@ -30,20 +30,22 @@ STAGES = (
     "extract",
     "extract_gather",
     "train",
+    "bench_baseline",
     "bench",
     "report",
 )
 # Which stages consume each stage's outputs (from rules/*.smk), for "what reruns downstream".
 CONSUMERS = {
-    "target": {"synth", "vocab", "extract", "train", "bench", "report"},
-    "prompts_train": {"synth", "report"},
-    "prompts_bench": {"bench", "report"},
+    "target": {"synth", "vocab", "extract", "train", "bench_baseline", "bench", "report"},
+    "prompts_train": {"synth", "bench_baseline", "bench", "report"},
+    "prompts_bench": {"bench_baseline", "bench", "report"},
     "synth": {"prepare", "report"},
     "prepare": {"vocab", "extract", "train", "report"},
     "vocab": {"train", "report"},
     "extract": {"extract_gather"},
     "extract_gather": {"train", "bench", "report"},
     "train": {"bench", "report"},
+    "bench_baseline": {"bench"},
     "bench": {"report"},
     "report": {"all"},
 }
@@ -100,6 +102,17 @@ def parse_jobs(text: str) -> list[Job]:
         if m and jobs:
             jobs[-1].fields.setdefault(m.group(1), m.group(2))
     return jobs
+
+
+def job_names(jobs: list[Job]) -> list[str]:
+    """Sorted ``rule[wildcard=value, ...]`` of the jobs, without the `all` target."""
+    names = []
+    for j in jobs:
+        if j.rule == "all":
+            continue
+        wc = j.wildcards
+        names.append(j.rule + (f"[{', '.join(f'{k}={v}' for k, v in wc.items())}]" if wc else ""))
+    return sorted(names)
 
 
 def env_for(src: Path) -> dict[str, str]:

@@ -78,15 +78,6 @@ def test_scrape_parses_vllm_prometheus_text():
     assert c[POS] == {0: 30.0, 1: 15.0, 2: 5.0}
 
 
-def test_predicted_acceptance_length():
-    assert bench.predicted_acceptance_length([0.8, 0.5, 0.5], 3) == pytest.approx(
-        1 + 0.8 + 0.4 + 0.2
-    )
-    # positions past the trained TTT steps reuse the last conditional accuracy
-    assert bench.predicted_acceptance_length([0.5], 2) == pytest.approx(1.75)
-    assert bench.predicted_acceptance_length([], 3) is None
-
-
 def test_compare_outputs_reports_first_difference():
     c = bench.compare_outputs([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
     assert c["differing"] == 1 and c["examples"][0]["first_diff_at"] == 1
@@ -201,8 +192,9 @@ def test_ok_verdict_says_what_it_judged():
 
 
 def report_html(metrics: dict) -> str:
-    empty = {key: {} for key in ("synth", "manifest", "train", "vocab", "prompts", "prepare")}
-    return report.render_html("r", report.sections({"bench": metrics, **empty}), {})
+    empty = {key: {} for key in ("synth", "manifest", "vocab", "prompts", "prepare")}
+    methods = {"eagle3": {"bench": metrics, "train": {}}}
+    return report.render_html("r", report.sections({"methods": methods, **empty}), {})
 
 
 def test_report_shows_every_problem_and_marks_the_heldout_set():
@@ -244,8 +236,15 @@ def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
         args = {"drafter_dir": trained["dir"], "manifest": manifest, "target": target, **kw}
         return consistency.check(**args)["problems"]
 
-    shifted = {**manifest, "aux_layer_ids": [i + 1 for i in manifest["aux_layer_ids"]]}
-    assert any("differ from the extracted layers" in p for p in problems(manifest=shifted))
+    final = manifest["layer_ids"][-1:]
+    shifted = {**manifest, "layer_ids": [i + 1 for i in manifest["layer_ids"][:-1]] + final}
+    assert any("were not all extracted" in p for p in problems(manifest=shifted))
+    # extracted for several methods: a drafter on some of the layers is served as trained
+    union = {**manifest, "layer_ids": [1, *manifest["layer_ids"]]}
+    assert not problems(manifest=union)
+    other = {**configured, "aux_layer_ids": [15, 27]}
+    assert any("differ from the layers it was trained on" in p for p in problems(configured=other))
+    assert any("not dflash" in p for p in problems(configured={**configured, "method": "dflash"}))
     assert any(
         "norm_before_fc" in p for p in problems(configured={**configured, "norm_before_fc": False})
     )
@@ -287,8 +286,10 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     )
     cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4})
     cfg["vllm"]["startup_timeout_s"] = 600
+    baseline = tmp_path / "baseline.json"
+    write_json(baseline, {"sets": {}})
     with pytest.raises(
-        bench.BenchError, match="vLLM failed to start the server with the drafter"
+        bench.BenchError, match="vLLM failed to start the server with the eagle3 drafter"
     ) as err:
         bench.run(
             target_json,
@@ -296,9 +297,11 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
             manifest,
             train_metrics,
             {"x": str(prompts)},
+            baseline,
             tmp_path / "out.json",
             cfg["bench"],
             cfg["vllm"],
+            tmp_path / "cache",
             tmp_path / "log",
         )
     # The cause (a weight of the wrong shape) is named ahead of the log tail, which on its own

@@ -102,10 +102,16 @@ def test_part_ranges_cover_every_sample_once_in_whole_shards():
 
 def test_resolve_layers_and_disk_estimate():
     arch = {"num_layers": 30, "default_layer_ids": [2, 15, 27], "hidden_size": 576}
-    assert extract.resolve_layers({"layer_ids": None}, arch) == ([2, 15, 27], 30)
-    assert extract.resolve_layers({"layer_ids": [1, 29]}, arch) == ([1, 29], 30)
+    default = [2, 15, 27]
+    assert extract.resolve_layers({"layer_ids": None}, arch) == (default, default, 30)
+    assert extract.resolve_layers({"layer_ids": [1, 29]}, arch) == ([1, 29], [1, 29], 30)
+    # another method's layers are captured too (one extraction for every method)
+    union = extract.resolve_layers({"layer_ids": None, "method_layer_ids": [1, 15, 20]}, arch)
+    assert union == (default, [1, 2, 15, 20, 27], 30)
     with pytest.raises(extract.ExtractError, match="out of range"):
         extract.resolve_layers({"layer_ids": [30]}, arch)
+    with pytest.raises(extract.ExtractError, match="out of range"):
+        extract.resolve_layers({"layer_ids": None, "method_layer_ids": [31]}, arch)
     bf16 = extract.sample_bytes(1000, 4, 4096, "bf16")
     fp8 = extract.sample_bytes(1000, 4, 4096, "fp8")
     assert bf16 == 1000 * 4 * 4096 * 2 + 8000 + 512

@@ -18,17 +18,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from smkcli import REPO, copy_repo, parse_jobs, snakemake
+from smkcli import REPO, copy_repo, job_names, parse_jobs, snakemake
 
 pytestmark = [pytest.mark.server, pytest.mark.e2e]
 
 CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
 CI = yaml.safe_load(CI_CONFIG.read_text())
 SERVER_STARTS = "starting vLLM server"  # what eagle3_pipeline.server logs as a server starts
+# The CI config trains one method (eagle3): one train and one bench job, and the baseline.
+TRAIN, BENCH, BASELINE = "train[method=eagle3]", "bench[method=eagle3]", "bench_baseline"
 # What depends on extraction, and on prepare's data set (which vocab reads too).
-AFTER_EXTRACT = ["extract[part=0]", "extract[part=1]", "extract_gather", "train", "bench", "report"]
+AFTER_EXTRACT = ["extract[part=0]", "extract[part=1]", "extract_gather", TRAIN, BENCH, "report"]
 AFTER_PREPARE = sorted(["vocab", *AFTER_EXTRACT])
-EVERYTHING_AFTER_PROMPTS = sorted(["synth", "prepare", *AFTER_PREPARE])
+# (the training pool job also writes the held-out benchmark set: the baseline measures it)
+EVERYTHING_AFTER_PROMPTS = sorted(["synth", "prepare", BASELINE, *AFTER_PREPARE])
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +54,6 @@ def copy(ci_run, tmp_path_factory):
 def config_args(*extra_configs: Path) -> list[str]:
     """The CI config, then changes on top of it (later config files win)."""
     return ["--configfile", str(CI_CONFIG), *map(str, extra_configs)]
-
-
-def job_names(jobs) -> list[str]:
-    names = []
-    for j in jobs:
-        if j.rule == "all":
-            continue
-        wc = j.wildcards
-        names.append(j.rule + (f"[{', '.join(f'{k}={v}' for k, v in wc.items())}]" if wc else ""))
-    return sorted(names)
 
 
 def planned(repo: Path, work: Path, *args: str, configs: tuple = ()) -> list[str]:
@@ -100,14 +93,14 @@ def test_add_a_benchmark_set(copy, tmp_path):
         "bench": {"prompt_sets": CI["bench"]["prompt_sets"] + ["extra"]},
     }
     assert with_config(tmp_path, repo, work, change) == sorted(
-        ["prompts_bench[name=extra]", "bench", "report"]
+        ["prompts_bench[name=extra]", BASELINE, BENCH, "report"]
     )
 
 
 def test_remove_a_benchmark_set(copy, tmp_path):
     repo, work = copy
     change = {"bench": {"prompt_sets": ["mtbench", "mybench"]}}
-    assert with_config(tmp_path, repo, work, change) == ["bench", "report"]
+    assert with_config(tmp_path, repo, work, change) == sorted([BASELINE, BENCH, "report"])
 
 
 def test_edit_a_benchmark_set_definition(copy, tmp_path):
@@ -115,24 +108,25 @@ def test_edit_a_benchmark_set_definition(copy, tmp_path):
     sets = [dict(s) for s in CI["prompts"]["bench"]]
     sets[0]["n"] = 2  # mtbench: 3 -> 2 questions
     assert with_config(tmp_path, repo, work, {"prompts": {"bench": sets}}) == sorted(
-        ["prompts_bench[name=mtbench]", "bench", "report"]
+        ["prompts_bench[name=mtbench]", BASELINE, BENCH, "report"]
     )
 
 
 @pytest.mark.parametrize(
-    "key, value",
+    "key, value, baseline",
     [
-        ("num_speculative_tokens", [1, 2]),
-        ("temperatures", [0.0, 0.5]),
-        ("concurrency", [2]),
-        ("max_tokens", 16),
-        ("min_acceptance_length", 1.5),
-        ("min_measured_to_predicted", 0.3),
+        ("num_speculative_tokens", [1, 2], False),  # the drafter's k only
+        ("temperatures", [0.0, 0.5], True),
+        ("concurrency", [2], True),
+        ("max_tokens", 16, True),
+        ("min_acceptance_length", 1.5, False),  # verdict thresholds
+        ("min_measured_to_predicted", 0.3, False),
     ],
 )
-def test_bench_keys(copy, tmp_path, key, value):
+def test_bench_keys(copy, tmp_path, key, value, baseline):
     repo, work = copy
-    assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == ["bench", "report"]
+    expected = sorted([BENCH, "report", *([BASELINE] if baseline else [])])
+    assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == expected
 
 
 def test_edit_a_training_prompt_file(copy):
@@ -149,7 +143,7 @@ def test_edit_a_benchmark_prompt_file(copy):
     path = work / "data" / "ci_bench.jsonl"
     with edited(path, path.read_text().replace("five prime", "six prime")):
         jobs = planned(repo, work)
-    assert jobs == sorted(["prompts_bench[name=mybench]", "bench", "report"])
+    assert jobs == sorted(["prompts_bench[name=mybench]", BASELINE, BENCH, "report"])
 
 
 def test_operational_keys(copy, tmp_path):
@@ -162,13 +156,13 @@ def test_operational_keys(copy, tmp_path):
 def test_draft_vocab_size(copy, tmp_path):
     repo, work = copy
     jobs = with_config(tmp_path, repo, work, {"vocab": {"draft_vocab_size": 512}})
-    assert jobs == sorted(["vocab", "train", "bench", "report"])
+    assert jobs == sorted(["vocab", TRAIN, BENCH, "report"])
 
 
 @pytest.mark.parametrize("change", [{"lr": 0.001}, {"epochs": 3}])
 def test_train_keys(copy, tmp_path, change):
     repo, work = copy
-    assert with_config(tmp_path, repo, work, {"train": change}) == ["bench", "report", "train"]
+    assert with_config(tmp_path, repo, work, {"train": change}) == sorted([BENCH, "report", TRAIN])
 
 
 def test_comment_only_edit_in_every_library_module(copy):
@@ -191,8 +185,9 @@ def records(work: Path) -> dict:
     read = lambda p: json.loads((run / p).read_text())  # noqa: E731
     return {
         "parts": [read(f"hidden_states/parts/part_{k}.json")["this_run"] for k in (0, 1)],
-        "train": read("drafter/metrics.json")["this_run"],
-        "bench": read("bench/metrics.json")["this_run"],
+        "train": read("drafter/eagle3/metrics.json")["this_run"],
+        "bench": read("bench/eagle3/metrics.json")["this_run"],
+        "baseline": read("bench/baseline.json")["this_run"],
     }
 
 
@@ -223,7 +218,8 @@ def assert_nothing_recomputed(work: Path) -> None:
     for part in r["parts"]:
         assert part["server_started"] is False and part["samples"] == 0, part
     assert r["train"]["trained_steps"] == 0 and r["train"]["reused"], r["train"]
-    assert r["bench"]["servers_started"] == 0 and r["bench"]["measured_sets"] == [], r["bench"]
+    for bench in (r["bench"], r["baseline"]):
+        assert bench["servers_started"] == 0 and bench["measured_sets"] == [], bench
 
 
 def test_touch_of_an_upstream_output_recomputes_nothing(copy):

@@ -211,31 +211,48 @@ def test_drafter_identity_ignores_where_the_verifier_lives(tmp_path):
 
 @pytest.fixture
 def bench_inputs(tmp_path, monkeypatch):
-    """A drafter, target and manifest that pass the consistency check, and a measure_sets that
-    records what it is asked to measure (it stands in for the vLLM servers)."""
-    asked: list[list[str]] = []
+    """A drafter, target and manifest that pass the consistency check, and vLLM servers
+    replaced by a measure() that records what it is asked to measure, with or without the
+    drafter."""
+    asked: list[tuple[bool, list[str]]] = []
 
-    def fake_measure(sets, cfg, vllm_cfg, target, drafter_dir, log_path):
-        asked.append(sorted(sets))
-        rows = {
-            name: [
-                {
-                    "prompt_set": name,
-                    "k": k,
-                    "temperature": 0.0,
-                    "concurrency": 1,
-                    "drafts": 10,
-                    "acceptance_length": 1.5,
-                    "speedup": 1.0,
-                }
-                for k in cfg["num_speculative_tokens"]
-            ]
-            for name in sets
-        }
-        return rows, 1 + len(cfg["num_speculative_tokens"])
+    class Server:
+        def stop(self):
+            pass
 
-    monkeypatch.setattr(bench, "measure_sets", fake_measure)
-    monkeypatch.setattr(bench.consistency, "check", lambda *a: {"ok": True, "problems": []})
+    def fake_measure(server, sets, cfg, spec_decode):
+        asked.append((spec_decode, sorted(sets)))
+        out = {}
+        for name in sets:
+            for t in cfg["temperatures"]:
+                for c in cfg["concurrency"]:
+                    res = {
+                        "requests": 1,
+                        "output_tokens": 10,
+                        "wall_s": 1.0,
+                        "tokens_per_s": 12.0 if spec_decode else 10.0,
+                        "latency_s": {},
+                        "outputs": [[1, 2, 3]],
+                    }
+                    if spec_decode:
+                        res["acceptance"] = {
+                            "drafts": 10,
+                            "draft_tokens": 30,
+                            "accepted": 5,
+                            "acceptance_length": 1.5,
+                            "draft_acceptance_rate": 5 / 30,
+                            "per_position": [0.3, 0.1, 0.1],
+                        }
+                    out[(name, t, c)] = res
+        return out
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "start_server", lambda *a: Server())
+    monkeypatch.setattr(
+        bench.consistency,
+        "check",
+        lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
+    )
     write_json(tmp_path / "target.json", {"identity": "t", "model_path": str(tmp_path)})
     write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
     write_json(tmp_path / "metrics.json", {"epochs": []})
@@ -249,42 +266,54 @@ def bench_inputs(tmp_path, monkeypatch):
         files[name].write_text(f'{{"id": "{name}", "messages": []}}\n')
 
     def run(names, **bench_overrides):
+        """The baseline job, then the drafter's, as the workflow runs them."""
         cfg = default_config(bench=bench_overrides)
-        return bench.run(
+        sets = {n: str(files[n]) for n in names}
+        baseline = tmp_path / "baseline.json"
+        b = bench.run_baseline(
+            tmp_path / "target.json", sets, baseline, cfg["bench"], cfg["vllm"], tmp_path / "c"
+        )
+        metrics = bench.run(
             tmp_path / "target.json",
             drafter,
             tmp_path / "manifest.json",
             tmp_path / "metrics.json",
-            {n: str(files[n]) for n in names},
+            sets,
+            baseline,
             tmp_path / "bench.json",
             cfg["bench"],
             cfg["vllm"],
-            tmp_path / "cache",
+            tmp_path / "c",
         )
+        return b, metrics
 
     return run, asked, files
 
 
 def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     run, asked, files = bench_inputs
-    first = run(["one", "two"])
-    assert asked == [["one", "two"]] and first["this_run"]["servers_started"] == 2
-    again = run(["one", "two"])  # nothing new: no server
-    assert asked == [["one", "two"]] and again["this_run"]["servers_started"] == 0
-    assert again["runs"] == first["runs"]
-    added = run(["one", "two", "three"])  # a new set: only it is measured
-    assert asked[-1] == ["three"]
+    base, first = run(["one", "two"])
+    assert asked == [(False, ["one", "two"]), (True, ["one", "two"])]
+    assert base["this_run"]["servers_started"] == first["this_run"]["servers_started"] == 1
+    assert [r["speedup"] for r in first["runs"]] == [1.2, 1.2]  # against the shared baseline
+    base, again = run(["one", "two"])  # nothing new: no server
+    assert len(asked) == 2 and again["this_run"]["servers_started"] == 0
+    assert base["this_run"]["servers_started"] == 0 and again["runs"] == first["runs"]
+    _, added = run(["one", "two", "three"])  # a new set: only it is measured
+    assert asked[-2:] == [(False, ["three"]), (True, ["three"])]
     assert [r["prompt_set"] for r in added["runs"]] == ["one", "two", "three"]
     assert added["this_run"]["cached_sets"] == ["one", "two"]
-    removed = run(["two"])
-    assert len(asked) == 2 and [r["prompt_set"] for r in removed["runs"]] == ["two"]
+    _, removed = run(["two"])
+    assert len(asked) == 4 and [r["prompt_set"] for r in removed["runs"]] == ["two"]
     files["one"].write_text('{"id": "one-edited", "messages": []}\n')
     run(["one", "two"])  # an edited set is measured again, alone
-    assert asked[-1] == ["one"]
-    judged = run(["one", "two"], min_acceptance_length=2.0)  # a threshold only re-judges
-    assert len(asked) == 3 and not judged["verdict"]["ok"]
+    assert asked[-2:] == [(False, ["one"]), (True, ["one"])]
+    _, judged = run(["one", "two"], min_acceptance_length=2.0)  # a threshold only re-judges
+    assert len(asked) == 6 and not judged["verdict"]["ok"]
+    run(["one", "two"], num_speculative_tokens=[2, 3])  # the drafter's k: the baseline stays
+    assert asked[6:] == [(True, ["one", "two"])] * 2  # one server per k
     run(["one", "two"], max_tokens=7)  # a measurement setting: everything again
-    assert asked[-1] == ["one", "two"]
+    assert asked[-2:] == [(False, ["one", "two"]), (True, ["one", "two"])]
     assert read_json(files["two"].parent / "bench.json")["this_run"]["measured_sets"] == [
         "one",
         "two",

@@ -29,7 +29,7 @@ from eagle3_pipeline.train import launcher, stage
 from eagle3_pipeline.verify import NextTokenProbe
 
 from conftest import default_config
-from train_fixtures import EPOCHS, _records, _run_kwargs
+from train_fixtures import EPOCHS, _records, run_kwargs
 
 KV_BLOCKS = 8  # of 128 tokens, fewer than the rows: a block leaked per request stalls the run
 SAMPLES_PER_SHARD = 4
@@ -97,7 +97,7 @@ def test_tensor_parallel_extraction_equals_tp1(tmp_path, target_json, dataset): 
 
 def test_two_process_training(tmp_path, monkeypatch, target_json, fixture_data, resumed_run):
     monkeypatch.setattr(stage, "launch_command", lambda job, gpus: launcher.launch_command(job, 2))
-    m = stage.run(**_run_kwargs(tmp_path, target_json, fixture_data))
+    m = stage.run(**run_kwargs(tmp_path, target_json, fixture_data))
     start = next(r for r in _records(tmp_path / "train_work") if r["kind"] == "start")
     assert start["world_size"] == 2
     assert "distributed.setup->gloo" in start["bridges"]

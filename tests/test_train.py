@@ -25,7 +25,7 @@ from eagle3_pipeline.train.fingerprint import fingerprint, prepare_work_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_fixtures import EPOCHS, _records
+from train_fixtures import EPOCHS, _records, trainer_args_of
 
 
 def schema_train_defaults() -> dict:
@@ -38,26 +38,9 @@ def schema_train_defaults() -> dict:
 # ---- pure mapping --------------------------------------------------------------------------
 
 
-def _args(cfg, **kw):
-    base = dict(
-        verifier_path="/m/target",
-        dataset_dir="/r/prepare/dataset",
-        hidden_states_root="/r/hidden_states",
-        aux_layer_ids=[2, 15, 27],
-        d2t_path="/r/vocab/d2t.npy",
-        t2d_path="/r/vocab/t2d.npy",
-        draft_vocab_size=8192,
-        save_path="/w/checkpoints",
-        log_dir="/w/logs",
-        cpus=16,
-    )
-    base.update(kw)
-    return trainer_config.trainer_args(cfg, **base)
-
-
 def test_trainer_args_cpu_defaults():
     cfg = schema_train_defaults()
-    args, backend = _args(cfg)
+    args, backend = trainer_args_of(cfg)
     assert backend == {"hidden_states_path": "/r/hidden_states"}
     assert args["speculator_type"] == "eagle3"
     assert args["verifier_name_or_path"] == "/m/target"
@@ -102,7 +85,7 @@ def test_trainer_args_gpu_and_window():
         "sliding_window": 2048,
         "num_layers": 2,
     }
-    args, _ = _args(cfg, cpus=128)
+    args, _ = trainer_args_of(cfg, cpus=128)
     assert args["draft_attn_impl"] == "simple_flex_attention"
     assert args["loss_implementation"] == "fused"
     assert args["hidden_states_dtype"] == "bfloat16"
@@ -119,12 +102,12 @@ def test_trainer_args_gpu_and_window():
 def test_trainer_args_rejects_bad_combinations():
     cfg = schema_train_defaults()
     with pytest.raises(train.TrainError, match="extra_args may not set"):
-        _args({**cfg, "extra_args": {"target_layer_ids": [1, 2, 3]}})
+        trainer_args_of({**cfg, "extra_args": {"target_layer_ids": [1, 2, 3]}})
     with pytest.raises(train.TrainError, match="float32 on the CPU"):
-        _args({**cfg, "hidden_states_dtype": "bfloat16"})
+        trainer_args_of({**cfg, "hidden_states_dtype": "bfloat16"})
     with pytest.raises(train.TrainError, match="no CPU backward"):
-        _args({**cfg, "attn_impl": "simple_flex_attention"})
-    args, _ = _args({**cfg, "extra_args": {"checkpoint_freq": 0.5, "muon_momentum": 0.9}})
+        trainer_args_of({**cfg, "attn_impl": "simple_flex_attention"})
+    args, _ = trainer_args_of({**cfg, "extra_args": {"checkpoint_freq": 0.5, "muon_momentum": 0.9}})
     assert args["checkpoint_freq"] == 0.5 and args["muon_momentum"] == 0.9
 
 
@@ -280,6 +263,7 @@ def test_sharded_backend_reads_shards(tmp_path, storage):
                 "root": str(root),
                 "num_samples": 5,
                 "samples_per_shard": 2,
+                "layer_ids": [1, 2, 3, 4],
                 "aux_layer_ids": [1, 2, 3],
                 "final_layer_id": 4,
                 "hidden_size": 16,
@@ -306,6 +290,15 @@ def test_sharded_backend_reads_shards(tmp_path, storage):
     assert transfer.get_cached(5) is None
     with pytest.raises(RuntimeError, match="only reads extracted"):
         transfer.get_generated({})
+    # a method training on some of the extracted layers gets only those and the final one
+    args = argparse.Namespace(
+        hidden_states_path=str(root), hidden_states_dtype="float32", target_layer_ids=[2, 3]
+    )
+    subset = pickle.loads(pickle.dumps(backend.from_train_args(args, "")))
+    assert transfer.columns is None and subset.columns == [1, 2, 3]
+    got = subset.get_cached(3)["hidden_states"].float()
+    assert got.shape == (7, 3, 16) and got.is_contiguous()
+    assert torch.equal(got, transfer.get_cached(3)["hidden_states"].float()[:, [1, 2, 3]])
 
 
 def test_training_refuses_a_dataset_not_in_torch_format(tmp_path):
@@ -386,7 +379,7 @@ def test_summarize_counts_resumed_steps_once():
         ),
         rec("end", 2),
     ]
-    s = metrics.summarize(records, ttt_steps=1)
+    s = metrics.summarize(records, "eagle3", 1)
     e0, e1 = s["epochs"]
     assert e0["train"]["loss"] == pytest.approx(8.0)  # (9 + 8 + 7) / 3: step 2 from attempt 2
     assert e1["train"]["loss"] == pytest.approx(6.0)
@@ -414,13 +407,17 @@ def test_summarize_counts_the_tokens_of_every_rank():
 
     one_rank = [{"kind": "start", "attempt": 1, "t": 0.0, "world_size": 1}, step(1, 0)]
     two_ranks = [{"kind": "start", "attempt": 1, "t": 0.0, "world_size": 2}, step(1, 0)]
-    assert metrics.summarize(one_rank, 1)["throughput"]["tokens_per_s"] == pytest.approx(1000.0)
-    s = metrics.summarize(two_ranks, 1)
+    assert metrics.summarize(one_rank, "eagle3", 1)["throughput"]["tokens_per_s"] == pytest.approx(
+        1000.0
+    )
+    s = metrics.summarize(two_ranks, "eagle3", 1)
     assert s["throughput"]["tokens_per_s"] == pytest.approx(2000.0)
     assert s["epochs"][0]["tokens_per_s"] == pytest.approx(2000.0)
     # attempt 1 on one rank (1000 tok/s), attempt 2 resumed on two (2000 tok/s), equal time
     mixed = [*one_rank, {"kind": "start", "attempt": 2, "t": 0.0, "world_size": 2}, step(2, 1)]
-    assert metrics.summarize(mixed, 1)["throughput"]["tokens_per_s"] == pytest.approx(1500.0)
+    assert metrics.summarize(mixed, "eagle3", 1)["throughput"]["tokens_per_s"] == pytest.approx(
+        1500.0
+    )
 
 
 def test_training_process_dies_with_a_killed_job(tmp_path):

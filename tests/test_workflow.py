@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from smkcli import REPO, STAGES, copy_repo, downstream, env_for, plan, snakemake
+from smkcli import REPO, STAGES, copy_repo, downstream, env_for, job_names, plan, snakemake
 
 DEFAULT_CONFIG = str(REPO / "config" / "config.yaml")
 CUDA_TP8 = "vllm={device: cuda, tensor_parallel_size: 8}"
@@ -44,8 +44,23 @@ def default_plan(tmp_path_factory):
 
 
 def test_default_config_plans_every_stage_once(default_plan):
-    # one prompts_bench job per benchmark set (the default has two)
-    assert by_rule(default_plan) == {s: 1 for s in (*STAGES, "all")} | {"prompts_bench": 2}
+    # one prompts_bench job per benchmark set (the default has two; the held-out set comes
+    # from prompts_train), one train and one bench job for its one method, one baseline
+    assert job_names(default_plan) == [
+        "bench[method=eagle3]",
+        "bench_baseline",
+        "extract[part=0]",
+        "extract_gather",
+        "prepare",
+        "prompts_bench[name=humaneval]",
+        "prompts_bench[name=mtbench]",
+        "prompts_train",
+        "report",
+        "synth",
+        "target",
+        "train[method=eagle3]",
+        "vocab",
+    ]
     for job in default_plan:
         if job.rule != "all":
             assert job.reason.startswith("Missing output files"), (job.rule, job.reason)
@@ -57,7 +72,7 @@ def test_default_config_asks_no_gpus(default_plan):
         assert job.gpus == 0, (job.rule, job.resources)
         assert int(job.resources.get("gpu", 0)) == 0, (job.rule, job.resources)
     gpu_rules = {j.rule for j in default_plan if "gpus" in j.resources}
-    assert gpu_rules == {"synth", "extract", "train", "bench"}
+    assert gpu_rules == {"synth", "extract", "train", "bench_baseline", "bench"}
 
 
 def test_lint_is_clean():
@@ -89,6 +104,7 @@ def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
         "extract": 8,
         "extract_gather": 0,
         "train": 0,
+        "bench_baseline": 8,
         "bench": 8,
         "report": 0,
         "all": 0,
@@ -212,6 +228,23 @@ def test_llama_profile_plans(tmp_path, fake_model_dir):
     assert (gpus["synth"], gpus["extract"], gpus["bench"], gpus["train"]) == (1, 1, 1, 4)
 
 
+def test_gpu_quality_profile_plans_both_methods_on_one_gpu(tmp_path):
+    """The H200 quality run: EAGLE-3 and DFlash from one extraction, each on the GPU, against
+    one baseline (planned here without a GPU; the config check is what a GPU host runs too)."""
+    jobs = plan(
+        "--configfile",
+        str(REPO / "config" / "gpu-quality.yaml"),
+        "--resources",
+        "gpus=1",
+        workdir=tmp_path,
+    )
+    gpus = {job_names([j])[0]: j.gpus for j in jobs if j.rule != "all"}
+    for method in ("eagle3", "dflash"):
+        assert gpus[f"train[method={method}]"] == gpus[f"bench[method={method}]"] == 1
+    assert gpus["bench_baseline"] == gpus["synth"] == gpus["extract[part=0]"] == 1
+    assert by_rule(jobs)["extract"] == 1 and by_rule(jobs)["train"] == 2
+
+
 # ---- Slurm -----------------------------------------------------------------------------------
 
 
@@ -256,7 +289,7 @@ def test_slurm_profile_asks_gpus_per_rule(tmp_path, fake_model_dir):
             assert cmd.startswith("sbatch --parsable")
             assert " -A my_account " in cmd and " -p gpu " in cmd, cmd
             assert f"--comment rule_{rule}" in cmd
-            if rule in ("synth", "extract", "train", "bench"):
+            if rule in ("synth", "extract", "train", "bench_baseline", "bench"):
                 assert cmd.endswith(" --gpus=8"), cmd
                 assert "--cpus-per-gpu=12" in cmd and "--mem-per-cpu 8000" in cmd, cmd
                 assert "--ntasks" not in cmd
@@ -587,3 +620,66 @@ def test_a_local_targets_config_is_an_input(tmp_path, fake_model_dir):
     assert jobs["target"] == f"Updated input files: {config}"
     assert not {"prompts_train", "prompts_bench"} & set(jobs)
     assert {"synth", "extract", "train", "bench", "report"} <= set(jobs)
+
+
+# ---- drafter methods side by side ------------------------------------------------------------
+
+
+def test_adding_a_method_adds_its_jobs_only(done_copy):
+    """A second method trains and benchmarks on what the first one's run already has."""
+    jobs = plan("--config", "train={methods: [eagle3, dflash]}", repo=done_copy)
+    assert job_names(jobs) == ["bench[method=dflash]", "report", "train[method=dflash]"]
+
+
+@pytest.fixture(scope="module")
+def both_methods_done(tmp_path_factory):
+    """A finished (--touch) run of the default config with train.methods [eagle3, dflash]."""
+    import yaml
+
+    work = tmp_path_factory.mktemp("methods")
+    both = work / "both.yaml"
+    both.write_text(yaml.safe_dump({"train": {"methods": ["eagle3", "dflash"]}}))
+    mark_done(REPO, "--configfile", DEFAULT_CONFIG, str(both), workdir=work)
+    return work, both
+
+
+DFLASH = ["bench[method=dflash]", "train[method=dflash]"]
+EAGLE3 = ["bench[method=eagle3]", "train[method=eagle3]"]
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        # a DFlash key re-runs DFlash's training and bench only; prepare, vocab, extract stay
+        ({"train": {"dflash": {"block_size": 4}}}, [*DFLASH, "report"]),
+        ({"train": {"dflash": {"epochs": 9}}}, [*DFLASH, "report"]),
+        # an EAGLE-3 key, EAGLE-3's only
+        ({"train": {"ttt_steps": 2}}, [*EAGLE3, "report"]),
+        # a shared key: both
+        ({"train": {"lr": 0.002}}, [*DFLASH, *EAGLE3, "report"]),
+        # one method's k: its bench only; the baseline is shared
+        (
+            {"bench": {"num_speculative_tokens": {"eagle3": [3], "dflash": [5]}}},
+            ["bench[method=dflash]", "report"],
+        ),
+        # what the baseline measures: the baseline and every method's bench
+        (
+            {"bench": {"max_tokens": 64}},
+            ["bench[method=dflash]", "bench[method=eagle3]", "bench_baseline", "report"],
+        ),
+        # DFlash on layers of its own: extraction captures them too, and everything after it
+        (
+            {"train": {"dflash": {"layer_ids": [1, 15]}}},
+            ["extract[part=0]", "extract_gather", *DFLASH, *EAGLE3, "report"],
+        ),
+    ],
+)
+def test_a_change_replans_the_methods_it_concerns(both_methods_done, tmp_path, change, expected):
+    import yaml
+
+    work, both = both_methods_done
+    assert plan("--configfile", DEFAULT_CONFIG, str(both), workdir=work) == []
+    changed = tmp_path / "change.yaml"
+    changed.write_text(yaml.safe_dump(change))
+    jobs = plan("--configfile", DEFAULT_CONFIG, str(both), str(changed), workdir=work)
+    assert job_names(jobs) == sorted(expected)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import train
-from eagle3_pipeline.train import checkpoints, metrics
+from eagle3_pipeline.train import checkpoints, metrics, trainer_config
 
 import hidden_states_fixture
 
@@ -57,7 +57,7 @@ def fixture_data(tmp_path_factory, target_dir, tokenizer):
     return paths
 
 
-def _run_kwargs(root: Path, target_json: Path, data: dict) -> dict:
+def run_kwargs(root: Path, target_json: Path, data: dict) -> dict:
     return dict(
         target_json=str(target_json),
         dataset_dir=str(data["dataset"]),
@@ -82,7 +82,7 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
     """Start training, SIGKILL the training process right after its first mid-epoch checkpoint,
     then run the stage again to completion."""
     root = tmp_path_factory.mktemp("train_run")
-    kwargs = _run_kwargs(root, target_json, fixture_data)
+    kwargs = run_kwargs(root, target_json, fixture_data)
     work = Path(kwargs["work_dir"])
     env = {
         **os.environ,
@@ -136,3 +136,21 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
         "first_run_s": killed_at,
         "resume_run_s": time.monotonic() - t1,
     }
+
+
+def trainer_args_of(cfg: dict, **kw) -> tuple[dict, dict]:
+    """speculators' fields and backend args of a train config, at fixed example paths."""
+    base = dict(
+        verifier_path="/m/target",
+        dataset_dir="/r/prepare/dataset",
+        hidden_states_root="/r/hidden_states",
+        aux_layer_ids=[2, 15, 27],
+        d2t_path="/r/vocab/d2t.npy",
+        t2d_path="/r/vocab/t2d.npy",
+        draft_vocab_size=8192,
+        save_path="/w/checkpoints",
+        log_dir="/w/logs",
+        cpus=16,
+    )
+    base.update(kw)
+    return trainer_config.trainer_args(cfg, **base)

@@ -1,4 +1,5 @@
-"""Rule `bench`: acceptance and speed under vLLM speculative decoding (eagle3_pipeline.bench)."""
+"""Rule `bench`: one method's drafter under vLLM speculative decoding, next to the shared
+baseline (logic: eagle3_pipeline.bench)."""
 
 from eagle3_pipeline import bench
 from eagle3_pipeline.config import job_section, stage_gpus
@@ -12,6 +13,7 @@ run_job(
         manifest_path=i.manifest,
         train_metrics=i.train_metrics,
         prompt_files=dict(zip(p.sets, i.prompts, strict=True)),
+        baseline_json=i.baseline,
         metrics_out=o.metrics,
         cfg=job_section(snakemake.config, p.config, "bench"),
         vllm_cfg=job_section(snakemake.config, p.config, "vllm"),

@@ -1,4 +1,4 @@
-"""Rule `train`: EAGLE-3 drafter with speculators (logic: eagle3_pipeline.train)."""
+"""Rule `train`: one method's drafter with speculators (logic: eagle3_pipeline.train)."""
 
 from eagle3_pipeline import train
 from eagle3_pipeline.config import job_section, stage_gpus

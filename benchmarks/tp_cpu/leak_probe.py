@@ -80,14 +80,14 @@ def main() -> int:
     cfg = config.load(args.config)
     run = Path(args.run)
     target = load_info(run / "target" / "target.json")
-    aux, final = extract.resolve_layers(cfg["extract"], target["architecture"])
+    _, captured, final = extract.resolve_layers(cfg["extract"], target["architecture"])
     out = Path(args.out).resolve() / f"tp{args.tp}_{args.connector}"
     shutil.rmtree(out, ignore_errors=True)
     staging = out / "staging"
     staging.mkdir(parents=True)
     ecfg = dict(cfg["extract"], server_args=["--num-gpu-blocks-override", str(args.blocks)])
     spec = extract.server_spec(
-        dict(cfg["vllm"], tensor_parallel_size=args.tp), target, [*aux, final], staging, ecfg
+        dict(cfg["vllm"], tensor_parallel_size=args.tp), target, [*captured, final], staging, ecfg
     )
     name, module = CONNECTORS[args.connector]
     spec.kv_transfer_config = dict(

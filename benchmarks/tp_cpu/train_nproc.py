@@ -38,11 +38,12 @@ def main() -> int:
         stream=sys.stdout,
     )
 
-    from eagle3_pipeline import config
+    from eagle3_pipeline import config, methods
     from eagle3_pipeline.train import stage
 
     cfg = config.load(args.config)
-    tcfg = dict(cfg["train"])
+    # the EAGLE-3 job's train section, as the workflow hands it to the stage
+    tcfg = {**cfg["train"], **methods.method_train_config(cfg["train"], "eagle3")}
     if args.total_seq_len:
         tcfg["total_seq_len"] = args.total_seq_len
     if args.epochs:

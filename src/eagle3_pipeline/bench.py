@@ -1,15 +1,19 @@
-"""Bench stage: the drafter under real vLLM speculative decoding, baseline side by side.
+"""Bench stage: each method's drafter under real vLLM speculative decoding, next to one
+baseline.
 
-For every temperature, concurrency and prompt set the same requests go to a baseline server
-(no drafter) and to one server per ``k`` (num_speculative_tokens). Acceptance comes from the
-spec-decode Prometheus counters (deltas around each run): tau = 1 + accepted / drafts, and
-per-position acceptance = accepted_at_pos / drafts. Throughput is output tokens / wall time
-measured in the same job; at temperature 0 the outputs with and without the drafter are
-compared token by token.
+The baseline (no drafter) is measured once per run (rule ``bench_baseline``,
+:func:`run_baseline`) and shared by every method's bench job (rule ``bench``, :func:`run`),
+which measures its drafter with one server per ``k`` (num_speculative_tokens) on the same
+requests. Acceptance comes from the spec-decode Prometheus counters (deltas around each run):
+tau = 1 + accepted / drafts, and per-position acceptance = accepted_at_pos / drafts.
+Throughput is output tokens / wall time; at temperature 0 the outputs with and without the
+drafter are compared token by token. Both jobs keep each prompt set's runs in a cache keyed by
+what they depend on, so an unchanged set is not measured again.
 
 Before any server starts, the drafter is checked against what extraction and the target say
 (:mod:`eagle3_pipeline.consistency`: layer ids, sizes, vocabulary map, sliding window, verifier
-path): acceptance barely moves when these are wrong, so they are checked structurally.
+path, the method's own fields): acceptance barely moves when these are wrong, so they are
+checked structurally.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from . import client as client_lib
 from . import consistency
 from .config import HELDOUT_SET, RESULT_KEYS
 from .fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
+from .method_results import predicted_acceptance_length
 from .provenance import provenance
 from .runtime import for_each
 from .server import ServerError, VllmServer, spec_for_target
@@ -84,18 +89,6 @@ def acceptance(before: dict, after: dict) -> dict[str, Any]:
         "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "per_position": per_pos,
     }
-
-
-def predicted_acceptance_length(cond_acc: list[float], k: int) -> float | None:
-    """What validation predicts: tau = 1 + sum_i prod_{j<=i} a_j over k draft positions
-    (positions beyond the trained TTT steps reuse the last step's conditional accuracy)."""
-    if not cond_acc:
-        return None
-    tau, run = 1.0, 1.0
-    for i in range(k):
-        run *= cond_acc[min(i, len(cond_acc) - 1)]
-        tau += run
-    return tau
 
 
 # ---- load generation ---------------------------------------------------------------------------
@@ -197,7 +190,7 @@ def measure(
     return out
 
 
-# ---- the stage -----------------------------------------------------------------------------------
+# ---- the stage: one baseline, then each method's drafter ------------------------------------
 
 # Result-determining keys (config.RESULT_KEYS) that do not change a measurement: the sets to
 # report and the verdict's thresholds. A change re-runs the job, which re-judges cached results.
@@ -206,13 +199,16 @@ NOT_MEASURED = (
     "bench.min_acceptance_length",
     "bench.min_measured_to_predicted",
 )
+# Bump when what a cache entry holds changes: older entries are then measured again.
+CACHE_FORMAT = 2
 
 
-def measurement_settings(cfg: dict, vllm_cfg: dict) -> dict[str, Any]:
-    """The result-determining settings of a measurement (bench and vllm keys)."""
+def measurement_settings(cfg: dict, vllm_cfg: dict, rule: str = "bench") -> dict[str, Any]:
+    """The result-determining settings of a measurement by ``rule`` (``bench_baseline`` or
+    ``bench``; bench and vllm keys)."""
     sections = {"bench": cfg, "vllm": vllm_cfg}
     out = {}
-    for key in RESULT_KEYS["bench"]:
+    for key in RESULT_KEYS[rule]:
         if key not in NOT_MEASURED:
             section, name = key.split(".")
             out[key] = sections[section][name]
@@ -229,10 +225,12 @@ def drafter_identity(drafter_dir: str | Path) -> str:
     return stable_hash({"config": cfg, "weights": sha256_file(drafter_dir / "model.safetensors")})
 
 
-def set_fingerprint(drafter: str, target: dict, prompts_path, settings: dict) -> str:
-    """What one prompt set's measurement depends on: drafter, target, prompts, settings."""
+def set_fingerprint(drafter: str | None, target: dict, prompts_path, settings: dict) -> str:
+    """What one prompt set's measurement depends on: the drafter (None: the baseline), the
+    target, the prompts and the settings."""
     return stable_hash(
         {
+            "format": CACHE_FORMAT,
             "drafter": drafter,
             "target": target["identity"],
             "prompts": sha256_file(prompts_path),
@@ -250,68 +248,169 @@ def load_cached(cache_dir: Path, fp: str) -> list[dict] | None:
     return entry["runs"] if entry.get("fingerprint") == fp else None
 
 
-def measure_sets(
+def start_server(
+    cfg: dict, vllm_cfg: dict, target: dict, spec_cfg: dict | None, what: str, log_path
+) -> VllmServer:
+    """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one)."""
+    spec = spec_for_target(
+        vllm_cfg,
+        target,
+        extra_args=cfg["server_args"],
+        speculative_config=spec_cfg,
+    )
+    try:
+        return VllmServer(spec, log_path).start()
+    except ServerError as e:
+        hint = (
+            f"If the message below names the drafter, its checkpoint at {spec_cfg['model']} is "
+            "not loadable by this vLLM.\n"
+            if spec_cfg
+            else ""
+        )
+        raise BenchError(f"vLLM failed to start {what}. {hint}{e}") from e
+
+
+def measure_on_server(
     sets: dict[str, list[dict]],
     cfg: dict,
     vllm_cfg: dict,
     target: dict,
-    drafter_dir: str,
+    spec_cfg: dict | None,
+    what: str,
     log_path,
-) -> tuple[dict[str, list[dict]], int]:
-    """Baseline and drafter runs of ``sets``, side by side: per set, its result rows (without
-    the prediction). Returns the rows and the number of servers started."""
-
-    def start(spec_cfg: dict | None, what: str) -> VllmServer:
-        spec = spec_for_target(
-            vllm_cfg,
-            target,
-            extra_args=cfg["server_args"],
-            speculative_config=spec_cfg,
-        )
-        try:
-            return VllmServer(spec, log_path).start()
-        except ServerError as e:
-            raise BenchError(
-                f"vLLM failed to start {what}. If the message below names the "
-                f"drafter, its checkpoint at {drafter_dir} is not loadable by this "
-                f"vLLM.\n{e}"
-            ) from e
-
-    server = start(None, "the baseline server (no drafter)")
+) -> dict[str, list[dict]]:
+    """Per prompt set, its runs (one per temperature and concurrency) on one server with the
+    drafter of ``spec_cfg`` (None: the baseline), which is stopped whatever happens."""
+    server = start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path)
     try:
-        baseline = measure(server, sets, cfg, spec_decode=False)
+        measured = measure(server, sets, cfg, spec_decode=spec_cfg is not None)
     finally:
         server.stop()
-    rows: dict[str, list[dict]] = {name: [] for name in sets}
-    for k in cfg["num_speculative_tokens"]:
-        spec_cfg = {"model": drafter_dir, "method": "eagle3", "num_speculative_tokens": k}
-        server = start(spec_cfg, f"the server with the drafter (k={k})")
-        try:
-            with_drafter = measure(server, sets, cfg, spec_decode=True)
-        finally:
-            server.stop()
-        for key, res in with_drafter.items():
-            name, temperature, conc = key
-            base = baseline[key]
-            row = {
-                "prompt_set": name,
-                "k": k,
-                "temperature": temperature,
-                "concurrency": conc,
-                "requests": res["requests"],
-                **res["acceptance"],
-                "tokens_per_s": res["tokens_per_s"],
-                "baseline_tokens_per_s": base["tokens_per_s"],
-                "speedup": res["tokens_per_s"] / base["tokens_per_s"],
-                "latency_s": res["latency_s"],
-                "baseline_latency_s": base["latency_s"],
-                "output_tokens": res["output_tokens"],
-                "baseline_output_tokens": base["output_tokens"],
-            }
-            if temperature == 0:
-                row["outputs_vs_baseline"] = compare_outputs(base["outputs"], res["outputs"])
-            rows[name].append(row)
-    return rows, 1 + len(cfg["num_speculative_tokens"])
+    runs: dict[str, list[dict]] = {name: [] for name in sets}
+    for (name, temperature, conc), res in measured.items():
+        runs[name].append({"temperature": temperature, "concurrency": conc, **res})
+    return runs
+
+
+def measure_cached(
+    prompt_files: dict[str, str],
+    cache_dir,
+    key: tuple[str | None, dict, dict],
+    measure_todo,
+) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """Per prompt set, its runs: from ``cache_dir`` where the set's fingerprint (of ``key``:
+    drafter identity or None, target, settings; and the set's content) has an entry, else
+    measured by ``measure_todo({name: prompts})`` (-> (runs per set, servers started)) and
+    cached. Returns the runs and ``this_run`` (what was measured or reused)."""
+    cache_dir = Path(cache_dir)
+    drafter, target, settings = key
+    fps = {
+        name: set_fingerprint(drafter, target, path, settings)
+        for name, path in prompt_files.items()
+    }
+    by_set = {name: load_cached(cache_dir, fp) for name, fp in fps.items()}
+    todo = {
+        name: list(iter_jsonl(prompt_files[name])) for name, runs in by_set.items() if runs is None
+    }
+    log.info(
+        "%d prompt set(s) cached (%s), %d to measure (%s)",
+        len(by_set) - len(todo),
+        ", ".join(n for n in by_set if n not in todo) or "none",
+        len(todo),
+        ", ".join(todo) or "none",
+    )
+    servers = 0
+    if todo:
+        measured, servers = measure_todo(todo)
+        for name, runs in measured.items():
+            write_json(
+                cache_dir / f"{fps[name]}.json",
+                {"fingerprint": fps[name], "prompt_set": name, "runs": runs},
+            )
+            by_set[name] = runs
+    return by_set, {
+        "servers_started": servers,
+        "measured_sets": list(todo),
+        "cached_sets": [n for n in by_set if n not in todo],
+    }
+
+
+def run_baseline(
+    target_json,
+    prompt_files: dict[str, str],
+    out,
+    cfg: dict,
+    vllm_cfg: dict,
+    cache_dir,
+    log_path=None,
+) -> dict:
+    """Rule ``bench_baseline``: every prompt set without a drafter (one server), measured once
+    for all methods and kept per set in ``cache_dir``. Writes the runs (throughput and, for
+    the T=0 comparisons, the output token ids) to ``out``."""
+    t0 = time.monotonic()
+    target = load_info(target_json)
+    settings = measurement_settings(cfg, vllm_cfg, "bench_baseline")
+
+    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+        what = "the baseline server (no drafter)"
+        return measure_on_server(todo, cfg, vllm_cfg, target, None, what, log_path), 1
+
+    key = (None, target, settings)
+    by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
+    baseline = {
+        "sets": {
+            name: {"prompts_sha256": sha256_file(prompt_files[name]), "runs": runs}
+            for name, runs in by_set.items()
+        },
+        "settings": settings,
+        "this_run": this_run,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "provenance": provenance(cfg, inputs=prompt_files),
+    }
+    write_json(out, baseline)
+    return baseline
+
+
+def drafter_rows(
+    name: str, drafted: list[dict], baseline: dict, prompts_path, method: str
+) -> list[dict]:
+    """One prompt set's result rows: each drafter run next to the baseline run of the same
+    temperature and concurrency (speedup; at T=0, the outputs compared token by token)."""
+    entry = baseline["sets"].get(name)
+    if entry is None or entry["prompts_sha256"] != sha256_file(prompts_path):
+        raise BenchError(
+            f"the baseline has no measurement of prompt set {name!r} as it is now: re-run "
+            "bench_baseline"
+        )
+    base_runs = {(r["temperature"], r["concurrency"]): r for r in entry["runs"]}
+    rows = []
+    for res in drafted:
+        base = base_runs.get((res["temperature"], res["concurrency"]))
+        if base is None:
+            raise BenchError(
+                f"the baseline of {name!r} has no run at T={res['temperature']}, "
+                f"concurrency {res['concurrency']}: re-run bench_baseline"
+            )
+        row = {
+            "method": method,
+            "prompt_set": name,
+            "k": res["k"],
+            "temperature": res["temperature"],
+            "concurrency": res["concurrency"],
+            "requests": res["requests"],
+            **res["acceptance"],
+            "tokens_per_s": res["tokens_per_s"],
+            "baseline_tokens_per_s": base["tokens_per_s"],
+            "speedup": res["tokens_per_s"] / base["tokens_per_s"],
+            "latency_s": res["latency_s"],
+            "baseline_latency_s": base["latency_s"],
+            "output_tokens": res["output_tokens"],
+            "baseline_output_tokens": base["output_tokens"],
+        }
+        if res["temperature"] == 0:
+            row["outputs_vs_baseline"] = compare_outputs(base["outputs"], res["outputs"])
+        rows.append(row)
+    return rows
 
 
 def run(
@@ -320,13 +419,16 @@ def run(
     manifest_path,
     train_metrics,
     prompt_files: dict[str, str],
+    baseline_json,
     metrics_out,
     cfg: dict,
     vllm_cfg: dict,
     cache_dir,
     log_path=None,
 ) -> dict:
-    """Measure (or take from ``cache_dir``) every prompt set, judge, write the metrics."""
+    """Rule ``bench`` (one job per method): measure (or take from ``cache_dir``) the drafter on
+    every prompt set, one server per k, put each run next to the shared baseline's, judge,
+    write the metrics. The method and its limits come from the drafter's config."""
     target = load_info(target_json)
     manifest = read_json(manifest_path)
     drafter_dir = str(Path(drafter_dir).resolve())
@@ -336,35 +438,32 @@ def run(
             "the drafter does not match this run's extraction/target:\n  - "
             + "\n  - ".join(check["problems"])
         )
-    cond_acc = _val_cond_acc(read_json(train_metrics))
+    method = check["drafter"]["speculators_model_type"]
+    block = check["drafter"].get("block_size")
+    too_many = [k for k in cfg["num_speculative_tokens"] if block and k > block - 1]
+    if too_many:
+        raise BenchError(
+            f"a {method} drafter of block size {block} drafts at most {block - 1} tokens; "
+            f"bench.num_speculative_tokens asks for {too_many}"
+        )
+    prediction = read_json(train_metrics).get("prediction") or {}
+    baseline = read_json(baseline_json)
     t0 = time.monotonic()
-    cache_dir = Path(cache_dir)
     drafter = drafter_identity(drafter_dir)
     settings = measurement_settings(cfg, vllm_cfg)
-    fps = {
-        name: set_fingerprint(drafter, target, path, settings)
-        for name, path in prompt_files.items()
-    }
-    by_set = {name: load_cached(cache_dir, fp) for name, fp in fps.items()}
-    todo = {
-        name: list(iter_jsonl(prompt_files[name])) for name, rows in by_set.items() if rows is None
-    }
-    log.info(
-        "bench: %d prompt set(s) cached (%s), %d to measure (%s)",
-        len(by_set) - len(todo),
-        ", ".join(n for n in by_set if n not in todo) or "none",
-        len(todo),
-        ", ".join(todo) or "none",
-    )
-    servers = 0
-    if todo:
-        measured, servers = measure_sets(todo, cfg, vllm_cfg, target, drafter_dir, log_path)
-        for name, rows in measured.items():
-            write_json(
-                cache_dir / f"{fps[name]}.json",
-                {"fingerprint": fps[name], "prompt_set": name, "settings": settings, "runs": rows},
-            )
-            by_set[name] = rows
+
+    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+        runs: dict[str, list[dict]] = {name: [] for name in todo}
+        for k in cfg["num_speculative_tokens"]:
+            spec_cfg = {"model": drafter_dir, "method": method, "num_speculative_tokens": k}
+            what = f"the server with the {method} drafter (k={k})"
+            measured = measure_on_server(todo, cfg, vllm_cfg, target, spec_cfg, what, log_path)
+            for name, rows in measured.items():
+                runs[name] += [{"k": k, **row} for row in rows]
+        return runs, len(cfg["num_speculative_tokens"])
+
+    key = (drafter, target, settings)
+    by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     order = {
         "k": cfg["num_speculative_tokens"],
         "temperature": cfg["temperatures"],
@@ -373,44 +472,39 @@ def run(
     }
     runs = sorted(
         (
-            {**row, "predicted_acceptance_length": predicted_acceptance_length(cond_acc, row["k"])}
-            for rows in by_set.values()
-            for row in rows
+            {
+                **row,
+                "predicted_acceptance_length": predicted_acceptance_length(prediction, row["k"]),
+            }
+            for name, drafted in by_set.items()
+            for row in drafter_rows(name, drafted, baseline, prompt_files[name], method)
         ),
         key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
     )
     verdict = judge(runs, cfg)
     metrics = {
+        "method": method,
         "runs": runs,
         "summary": summarize(runs),
         "verdict": verdict,
         "consistency": check,
-        "train_val_cond_acc": cond_acc,
-        "this_run": {
-            "servers_started": servers,
-            "measured_sets": list(todo),
-            "cached_sets": [n for n in by_set if n not in todo],
-        },
+        "prediction": prediction,
+        "this_run": this_run,
         "elapsed_s": round(time.monotonic() - t0, 1),
         "provenance": provenance(
             cfg, inputs={"drafter": Path(drafter_dir) / "model.safetensors", **prompt_files}
         ),
     }
     write_json(metrics_out, metrics)
-    (log.error if not verdict["ok"] else log.info)("bench verdict: %s", verdict["message"])
+    (log.error if not verdict["ok"] else log.info)("%s verdict: %s", method, verdict["message"])
     return metrics
 
 
 def best_val(train_metrics: dict) -> dict:
-    """Validation metrics of the exported (best) epoch, from drafter/metrics.json."""
+    """Validation metrics of the exported (best) epoch, from the drafter's metrics.json."""
     epochs = [e for e in train_metrics.get("epochs", []) if e.get("val")]
     best = [e for e in epochs if e["epoch"] == train_metrics.get("best_epoch")]
     return (best or epochs[-1:] or [{}])[0].get("val", {})
-
-
-def _val_cond_acc(train_metrics: dict) -> list[float]:
-    """Per-TTT-step conditional accuracy of the exported epoch's validation."""
-    return [a for a in best_val(train_metrics).get("cond_acc") or [] if a is not None]
 
 
 def summarize(runs: list[dict]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from . import methods
 from .train.trainer_config import device_problems
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
@@ -280,6 +281,34 @@ def check_semantics(cfg: dict) -> list[str]:
             "or extraction cannot prefill the rows"
         )
     problems += device_problems(cfg["train"])
+    problems += method_problems(cfg)
+    return problems
+
+
+def method_problems(cfg: dict) -> list[str]:
+    """What the configured drafter methods cannot do with the rest of the config."""
+    problems = []
+    ks = cfg["bench"]["num_speculative_tokens"]
+    for method in cfg["train"]["methods"]:
+        if isinstance(ks, dict) and method not in ks:
+            problems.append(
+                f"config key `bench.num_speculative_tokens`: no list for method {method!r} "
+                f"(train.methods lists it; given for {sorted(ks)})"
+            )
+            continue
+        limit = methods.max_speculative_tokens(method, cfg["train"])
+        too_many = [k for k in speculative_tokens(cfg, method) if limit is not None and k > limit]
+        if too_many:
+            problems.append(
+                f"config key `bench.num_speculative_tokens`: {method} drafts at most "
+                f"block_size - 1 = {limit} tokens, got k = {too_many} (raise "
+                f"train.{method}.block_size or give {method} its own list)"
+            )
+    layer_ids = cfg["train"]["dflash"]["layer_ids"]
+    if layer_ids is not None and layer_ids != sorted(layer_ids):
+        problems.append(
+            f"config key `train.dflash.layer_ids`: must be in increasing order, got {layer_ids}"
+        )
     return problems
 
 
@@ -363,6 +392,13 @@ def stage_gpus(cfg: dict, stage: str) -> int:
 
 # ---- what makes a stage stale -----------------------------------------------------------------
 
+BENCH_VLLM_KEYS = (
+    "vllm.device",
+    "vllm.dtype",
+    "vllm.tensor_parallel_size",
+    "vllm.enforce_eager",
+    "vllm.max_model_len",
+)
 # Config keys whose value changes a rule's output, per rule. A rule's params carry exactly these
 # (:func:`result_config`), so a change of one re-runs that rule and everything downstream of it.
 # A prompts_bench job gets only its own set's entry of prompts.bench.
@@ -398,30 +434,21 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "vllm.dtype",
     ),
     "extract_gather": (),
-    "train": tuple(
-        f"train.{k}"
-        for k in (
-            "gpus",
-            "fsdp",
-            "epochs",
-            "lr",
-            "optimizer",
-            "scheduler",
-            "warmup_ratio",
-            "ttt_steps",
-            "num_layers",
-            "total_seq_len",
-            "attn_impl",
-            "sliding_window",
-            "norm_before_fc",
-            "norm_output",
-            "val_fraction",
-            "hidden_states_dtype",
-            "loss_implementation",
-            "seed",
-            "extra_args",
-        )
+    # One job per method, whose params carry only the keys that method reads
+    # (methods.method_train_config): a DFlash key re-runs DFlash's training alone.
+    "train": (
+        *(f"train.{k}" for k in (*methods.COMMON_TRAIN_KEYS, *methods.EAGLE3_TRAIN_KEYS)),
+        "train.dflash",
     ),
+    # The baseline (no drafter), measured once for every method.
+    "bench_baseline": (
+        "bench.prompt_sets",
+        "bench.temperatures",
+        "bench.concurrency",
+        "bench.max_tokens",
+        *BENCH_VLLM_KEYS,
+    ),
+    # One job per method; num_speculative_tokens is that method's list.
     "bench": (
         "bench.prompt_sets",
         "bench.num_speculative_tokens",
@@ -430,13 +457,10 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.max_tokens",
         "bench.min_acceptance_length",
         "bench.min_measured_to_predicted",
-        "vllm.device",
-        "vllm.dtype",
-        "vllm.tensor_parallel_size",
-        "vllm.enforce_eager",
-        "vllm.max_model_len",
+        *BENCH_VLLM_KEYS,
     ),
-    "report": ("run",),
+    # the methods to put side by side (adding one adds its train and bench jobs)
+    "report": ("run", "train.methods"),
 }
 
 # Keys that change no rule's output: they decide how a stage runs, not what it produces -
@@ -488,10 +512,18 @@ def _lookup(cfg: dict, key: str) -> Any:
     return value
 
 
-def result_config(cfg: dict, rule: str, bench_set: str | None = None) -> dict:
+def result_config(
+    cfg: dict, rule: str, bench_set: str | None = None, method: str | None = None
+) -> dict:
     """The result-determining part of the config for ``rule``, as nested sections
     (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
-    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``."""
+    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for ``train``,
+    ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
+    ``bench``, ``bench.num_speculative_tokens`` is the list of ``method``."""
+    if rule == "train":
+        return {
+            "train": sort_keys(copy.deepcopy(methods.method_train_config(cfg["train"], method)))
+        }
     out: dict = {}
     for key in sorted(RESULT_KEYS[rule]):
         *sections, name = key.split(".")
@@ -500,9 +532,21 @@ def result_config(cfg: dict, rule: str, bench_set: str | None = None) -> dict:
             node = node.setdefault(s, {})
         if key == "prompts.bench":
             node[name] = [copy.deepcopy(bench_set_spec(cfg, bench_set))]
+        elif key == "bench.num_speculative_tokens":
+            node[name] = speculative_tokens(cfg, method)
         else:
             node[name] = copy.deepcopy(_lookup(cfg, key))
+    if rule == "extract" and methods.extra_layer_ids(cfg["train"]):
+        # layers a method asks for beyond extract.layer_ids (absent when there are none, so
+        # the default config's extraction params are what they were)
+        out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
     return out
+
+
+def speculative_tokens(cfg: dict, method: str) -> list[int]:
+    """The k values (bench.num_speculative_tokens) the drafter of ``method`` is served with."""
+    ks = cfg["bench"]["num_speculative_tokens"]
+    return list(ks[method] if isinstance(ks, dict) else ks)
 
 
 def job_section(snakemake_config: dict, params_config: dict, section: str) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import method_results, methods
 from .fileio import read_json
 
 _TARGET_WINDOW = object()  # check(): read the target's window from its config
@@ -56,6 +57,11 @@ def served_windows(layer_cfg: dict[str, Any], target_window: int | None) -> list
     ]
 
 
+def drafter_method(drafter_dir: str | Path) -> str | None:
+    """The drafter's method (``speculators_model_type``: eagle3, dflash)."""
+    return read_json(Path(drafter_dir) / "config.json").get("speculators_model_type")
+
+
 def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
     """What vLLM reads from the drafter checkpoint (config.json, d2t/t2d in the weights)."""
     from safetensors import safe_open
@@ -68,10 +74,12 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
         t2d_len = fh.get_slice("t2d").get_shape()[0] if "t2d" in keys else None
     layer_cfg = cfg.get("transformer_layer_config", {})
     verifier = (cfg.get("speculators_config", {}).get("verifier") or {}).get("name_or_path")
+    method = cfg.get("speculators_model_type")
     return {
-        "speculators_model_type": cfg.get("speculators_model_type"),
+        "speculators_model_type": method,
         "architectures": cfg.get("architectures"),
-        "aux_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
+        "aux_layer_key": method_results.aux_key(method),
+        "aux_layer_ids": cfg.get(method_results.aux_key(method)),
         "hidden_size": layer_cfg.get("hidden_size"),
         "vocab_size": layer_cfg.get("vocab_size"),
         "draft_vocab_size": cfg.get("draft_vocab_size"),
@@ -87,6 +95,7 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
         "verifier_path_exists": bool(verifier)
         and Path(verifier).is_absolute()
         and (Path(verifier) / "config.json").is_file(),
+        **(method_results.dflash_checks(cfg)[0] if method == "dflash" else {}),
     }
 
 
@@ -118,15 +127,18 @@ def check(
     target_window: int | object | None = _TARGET_WINDOW,
 ) -> dict[str, Any]:
     """Check the drafter at ``drafter_dir`` against the extraction ``manifest`` and the target
-    (``target/target.json``); with ``configured`` (the resolved ``train`` config) also against
-    the norm flags and window asked for, with ``vocab_map`` (d2t, t2d paths of the vocab stage)
-    also against that map. ``target_window`` defaults to the one read from the target's config.
+    (``target/target.json``); with ``configured`` (the resolved ``train`` config of the
+    drafter's method, with the ``aux_layer_ids`` it trained on) also against the method, layers,
+    norm flags and window asked for, with ``vocab_map`` (d2t, t2d paths of the vocab stage) also
+    against that map. ``target_window`` defaults to the one read from the target's config.
+    Each method's own fields are checked by method (:mod:`eagle3_pipeline.methods`).
 
     Returns ``{"drafter": facts, "served": ..., "expected": ..., "checks": {name: ok},
     "problems": [what is wrong and what to do], "ok"}``.
     """
     drafter_dir = Path(drafter_dir)
     facts = drafter_facts(drafter_dir)
+    method = facts["speculators_model_type"]
     arch = target.get("architecture", {})
     if target_window is _TARGET_WINDOW:
         target_window = target_model_window(target["model_path"])
@@ -145,20 +157,32 @@ def check(
             problems.append(problem)
 
     require(
-        "is_eagle3",
-        facts["speculators_model_type"] == "eagle3",
-        f"drafter is a {facts['speculators_model_type']!r} checkpoint, not eagle3",
+        "method_known",
+        method in methods.METHODS,
+        f"drafter is a {method!r} checkpoint; the pipeline trains and serves "
+        f"{', '.join(methods.METHODS)}",
     )
+    if configured is not None:
+        want = configured.get("method", "eagle3")
+        require(f"is_{want}", method == want, f"drafter is a {method!r} checkpoint, not {want}")
     aux = facts["aux_layer_ids"]
+    extracted = list(manifest["layer_ids"])[:-1]
     require(
-        "aux_layer_ids_match_manifest",
-        aux is not None and list(aux) == list(manifest["aux_layer_ids"]),
-        "drafter config has no eagle_aux_hidden_state_layer_ids: vLLM would fall back to its "
-        "own default layers"
+        "aux_layers_were_extracted",
+        aux is not None and set(aux) <= set(extracted),
+        f"drafter config has no {facts['aux_layer_key']}: vLLM would fall back to its own "
+        "default layers"
         if aux is None
-        else f"drafter aux layer ids {aux} differ from the extracted layers "
-        f"{manifest['aux_layer_ids']}: re-train on this extraction",
+        else f"drafter aux layer ids {aux} were not all extracted (the hidden states hold "
+        f"{extracted}): re-train on this extraction",
     )
+    if configured is not None and configured.get("aux_layer_ids") is not None:
+        require(
+            "aux_layer_ids_as_trained",
+            aux is not None and list(aux) == list(configured["aux_layer_ids"]),
+            f"drafter aux layer ids {aux} differ from the layers it was trained on "
+            f"{configured['aux_layer_ids']}",
+        )
     require(
         "final_layer_is_target_last",
         arch.get("num_layers") is None or manifest["final_layer_id"] == arch["num_layers"],
@@ -198,7 +222,7 @@ def check(
             _matches_vocab_stage(drafter_dir, facts, d2t, t2d),
             f"the drafter's vocabulary map is not the vocab stage's ({d2t}, {t2d})",
         )
-    if configured is not None:
+    if configured is not None and method == "eagle3":
         require(
             "norm_flags_as_configured",
             facts["norm_before_fc"] == bool(configured["norm_before_fc"])
@@ -206,6 +230,12 @@ def check(
             f"drafter norm_before_fc/norm_output {facts['norm_before_fc']}/"
             f"{facts['norm_output']} differ from the config's",
         )
+    if method == "dflash":
+        for name, ok, problem in method_results.dflash_checks(
+            read_json(drafter_dir / "config.json")
+        )[1]:
+            require(name, ok, problem)
+    if configured is not None:
         require(
             "sliding_window_as_configured",
             all(w == configured.get("sliding_window") for w in facts["trained_window_per_layer"]),
@@ -232,7 +262,7 @@ def check(
         "drafter": facts,
         "served": {"target_model_window": target_window, "window_per_layer": served},
         "expected": {
-            "manifest_aux_layer_ids": manifest["aux_layer_ids"],
+            "extracted_aux_layer_ids": extracted,
             "final_layer_id": manifest["final_layer_id"],
             "manifest_hidden_size": manifest["hidden_size"],
             "storage": manifest.get("storage"),
@@ -240,9 +270,9 @@ def check(
             "target_vocab_size": arch.get("vocab_size"),
             **(
                 {
-                    "norm_before_fc": bool(configured["norm_before_fc"]),
-                    "norm_output": bool(configured["norm_output"]),
-                    "sliding_window": configured.get("sliding_window"),
+                    k: configured.get(k)
+                    for k in ("method", "aux_layer_ids", "sliding_window")
+                    + (("norm_before_fc", "norm_output") if method == "eagle3" else ())
                 }
                 if configured is not None
                 else {}

@@ -51,18 +51,24 @@ class DiskBudgetError(ExtractError):
 # ---- layers, sizes, fingerprints -----------------------------------------------------------
 
 
-def resolve_layers(cfg: dict, arch: dict) -> tuple[list[int], int]:
-    """(aux layer ids, final layer id). The final id N is the last layer's output before the
-    final norm; vLLM captures the ids in increasing order, so the final one comes last."""
+def resolve_layers(cfg: dict, arch: dict) -> tuple[list[int], list[int], int]:
+    """(aux layer ids, captured aux layer ids, final layer id). The aux ids are
+    ``extract.layer_ids`` (or the target's default), the ones every drafter method without
+    layers of its own trains on; the captured ones add the layers other methods ask for
+    (``method_layer_ids``: one extraction serves them all). The final id N is the last
+    layer's output before the final norm; vLLM captures the ids in increasing order, so the
+    final one comes last."""
     n = arch["num_layers"]
     aux = list(cfg["layer_ids"] or arch["default_layer_ids"])
-    bad = [i for i in aux if not 0 <= i < n]
+    captured = sorted({*aux, *(cfg.get("method_layer_ids") or [])})
+    bad = [i for i in captured if not 0 <= i < n]
     if bad:
         raise ExtractError(
-            f"extract.layer_ids {bad} out of range: the target has {n} layers "
-            f"(valid ids 0..{n - 1}; the final layer {n} is added automatically)"
+            f"layer ids {bad} (extract.layer_ids, train.<method>.layer_ids) out of range: the "
+            f"target has {n} layers (valid ids 0..{n - 1}; the final layer {n} is added "
+            "automatically)"
         )
-    return aux, n
+    return aux, captured, n
 
 
 def sample_bytes(tokens: int, num_layers: int, hidden: int, storage: str) -> int:
@@ -514,8 +520,8 @@ def run_part(
 
     target = load_info(target_json)
     arch = target["architecture"]
-    aux, final = resolve_layers(cfg, arch)
-    layer_ids = [*aux, final]
+    aux, captured, final = resolve_layers(cfg, arch)
+    layer_ids = [*captured, final]
     root, dataset_dir = Path(root).resolve(), Path(dataset_dir)
     ds = load_from_disk(str(dataset_dir)).with_format(None)
     S = cfg["samples_per_shard"]

@@ -8,6 +8,12 @@ name (``--hidden-states-backend``). Its stock ``file`` backend wants every sampl
 exactly as hs_connectors' ``FP8Transfer`` does. Everything else (packing, shifting, masks) stays
 speculators' ``ArrowDataset``/``CollateFn``.
 
+One extraction serves several drafter methods: the files hold the union of their aux layers
+(manifest ``layer_ids``) and the final layer, and speculators' dataset takes every column but
+the last as the aux layers (``hidden_states[:, :-1]``, train/data.py). So the transfer keeps,
+for the training job at hand, only the columns of its ``target_layer_ids`` and the final one
+(:func:`layer_columns`); for a job that trains on every extracted layer nothing is copied.
+
 The transfer object is pickled into spawned DataLoader workers, so it lives in this importable
 module and holds only plain values. Importing this module registers the backend (idempotent).
 """
@@ -35,6 +41,7 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}")
     for key in (
         "samples_per_shard",
+        "layer_ids",
         "aux_layer_ids",
         "final_layer_id",
         "hidden_size",
@@ -46,9 +53,24 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def layer_columns(manifest: dict[str, Any], aux_layer_ids: list[int]) -> list[int] | None:
+    """The file columns of ``aux_layer_ids`` and of the final layer, in that order; None when
+    that is every column in file order (nothing to select)."""
+    layer_ids = list(manifest["layer_ids"])
+    missing = [i for i in aux_layer_ids if i not in layer_ids[:-1]]
+    if missing:
+        raise ValueError(
+            f"layers {missing} were not extracted (the hidden states hold {layer_ids}): add "
+            "them to the extraction (extract.layer_ids or the method's layer_ids) and re-run it"
+        )
+    cols = [layer_ids.index(i) for i in aux_layer_ids] + [len(layer_ids) - 1]
+    return None if cols == list(range(len(layer_ids))) else cols
+
+
 class ShardedTransfer(HiddenStatesTransfer):
     """Reads ``shards/shard_<s>/hs_<i>.safetensors`` under ``root``; fp8 files are
-    dequantized to ``dequantize_dtype`` (the collate function casts to the training dtype)."""
+    dequantized to ``dequantize_dtype`` (the collate function casts to the training dtype);
+    ``columns`` selects layers (:func:`layer_columns`)."""
 
     def __init__(
         self,
@@ -56,11 +78,13 @@ class ShardedTransfer(HiddenStatesTransfer):
         samples_per_shard: int,
         num_samples: int,
         dequantize_dtype: str = "bfloat16",
+        columns: list[int] | None = None,
     ):
         self.root = str(root)
         self.samples_per_shard = int(samples_per_shard)
         self.num_samples = int(num_samples)
         self.dequantize_dtype = dequantize_dtype
+        self.columns = columns
 
     def path(self, file_idx: int) -> Path:
         return sample_path(self.root, file_idx, self.samples_per_shard)
@@ -81,6 +105,8 @@ class ShardedTransfer(HiddenStatesTransfer):
             sample["hidden_states"] = dequantize_fp8_tensor(
                 sample["hidden_states"], scales, dtype=getattr(torch, self.dequantize_dtype)
             )
+        if self.columns is not None:
+            sample["hidden_states"] = sample["hidden_states"][:, self.columns].contiguous()
         return sample
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
@@ -116,8 +142,13 @@ class ShardedBackend(HiddenStatesBackend):
             raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
         manifest = read_manifest(root)
         dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
+        aux = getattr(args, "target_layer_ids", None) or manifest["aux_layer_ids"]
         return ShardedTransfer(
-            root, manifest["samples_per_shard"], manifest["num_samples"], dequantize_dtype=dtype
+            root,
+            manifest["samples_per_shard"],
+            manifest["num_samples"],
+            dequantize_dtype=dtype,
+            columns=layer_columns(manifest, [int(i) for i in aux]),
         )
 
     @staticmethod

@@ -1,7 +1,9 @@
 """The run's report: one self-contained HTML page (plots inlined) and a Markdown twin.
 
 Reads every stage's stats and manifest, draws the benchmark plots, and puts the verdict on
-top: a drafter that does not work (tau ~ 1) is announced in red, never left to a table.
+top: a drafter that does not work (tau ~ 1) or slows decoding is announced in red, never left
+to a table. With several drafter methods, their benchmarks, training and consistency records
+stand side by side.
 """
 
 from __future__ import annotations
@@ -36,189 +38,301 @@ def _fmt(v: Any, digits: int = 3) -> str:
 # ---- plots -------------------------------------------------------------------------------------
 
 
-def plot_bench(bench: dict, plots_dir: Path) -> dict[str, Path]:
+def _label(r: dict, methods: int, sep: str = " ") -> str:
+    """A run's label: method (when several are compared), prompt set, k, T, concurrency."""
+    who = f"{r['method']}{sep}" if methods > 1 else ""
+    return f"{who}{r['prompt_set']}{sep}k={r['k']} T={r['temperature']} c={r['concurrency']}"
+
+
+def plot_bench(runs: list[dict], plots_dir: Path) -> dict[str, Path]:
+    """The benchmark plots of every method's runs side by side (``runs`` carry ``method``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plots_dir.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in bench.get("runs", []) if r.get("acceptance_length") is not None]
+    runs = [r for r in runs if r.get("acceptance_length") is not None]
     out: dict[str, Path] = {}
     if not runs:
         return out
+    n_methods = len({r["method"] for r in runs})
 
-    # Per-position acceptance: one group of bars per draft position, one bar per run.
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(runs)
-    for j, r in enumerate(runs):
-        pos = r["per_position"] or []
-        ax.bar(
-            [i + j * width for i in range(len(pos))],
-            pos,
-            width,
-            label=f"{r['prompt_set']} k={r['k']} T={r['temperature']} c={r['concurrency']}",
-        )
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate (accepted / drafts)")
-    ax.set_title("Per-position acceptance")
-    ax.set_ylim(0, 1)
-    ax.set_xticks(
-        [i + 0.4 - width / 2 for i in range(max(len(r["per_position"] or []) for r in runs))]
-    )
-    ax.set_xticklabels([str(i + 1) for i in range(max(len(r["per_position"] or []) for r in runs))])
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    out["acceptance_per_position"] = plots_dir / "acceptance_per_position.png"
-    fig.savefig(out["acceptance_per_position"], dpi=110)
-    plt.close(fig)
-
-    labels = [
-        f"{r['prompt_set']}\nk={r['k']} T={r['temperature']} c={r['concurrency']}" for r in runs
-    ]
-
-    def paired_bars(
-        key: str,
-        first: tuple[str, list],
-        second: tuple[str, list],
-        ylabel: str,
-        title: str,
-        hline: float | None = None,
-    ) -> None:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        xs = range(len(runs))
-        ax.bar(xs, first[1], 0.4, label=first[0])
-        ax.bar([x + 0.4 for x in xs], second[1], 0.4, label=second[0], alpha=0.8)
-        if hline is not None:
-            ax.axhline(hline, color="grey", lw=0.8)
-        ax.set_xticks([x + 0.2 for x in xs])
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
+    def save(fig, key: str) -> None:
         fig.tight_layout()
         out[key] = plots_dir / f"{key}.png"
         fig.savefig(out[key], dpi=110)
         plt.close(fig)
 
-    paired_bars(
-        "acceptance_length",
-        ("measured", [r["acceptance_length"] for r in runs]),
-        (
-            "predicted by training validation",
-            [r.get("predicted_acceptance_length") or 0 for r in runs],
-        ),
-        "acceptance length τ (tokens per step)",
-        "Acceptance length per prompt set",
-        hline=1.0,
-    )
-    paired_bars(
-        "throughput",
-        ("without drafter", [r["baseline_tokens_per_s"] for r in runs]),
-        ("with drafter", [r["tokens_per_s"] for r in runs]),
-        "output tokens/s",
-        "Throughput with and without the drafter (same job)",
-    )
+    # Per-position acceptance: one group of bars per draft position, one bar per run.
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(runs)
+    longest = max(len(r["per_position"] or []) for r in runs)
+    for j, r in enumerate(runs):
+        pos = r["per_position"] or []
+        ax.bar([i + j * width for i in range(len(pos))], pos, width, label=_label(r, n_methods))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (accepted / drafts)")
+    ax.set_title("Per-position acceptance")
+    ax.set_ylim(0, 1)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(longest)])
+    ax.set_xticklabels([str(i + 1) for i in range(longest)])
+    ax.legend(fontsize=7)
+    save(fig, "acceptance_per_position")
+
+    # Acceptance length, measured next to what training validation predicts.
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    xs = range(len(runs))
+    ax.bar(xs, [r["acceptance_length"] for r in runs], 0.4, label="measured")
+    predicted = [r.get("predicted_acceptance_length") or 0 for r in runs]
+    ax.bar([x + 0.4 for x in xs], predicted, 0.4, label="predicted by validation", alpha=0.8)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([x + 0.2 for x in xs])
+    ax.set_xticklabels([_label(r, n_methods, "\n") for r in runs], fontsize=7)
+    ax.set_ylabel("acceptance length τ (tokens per step)")
+    ax.set_title("Acceptance length per prompt set")
+    ax.legend(fontsize=8)
+    save(fig, "acceptance_length")
+
+    # Throughput: per prompt set (and T, concurrency) the shared baseline, then every drafter
+    # (method, k), each with its speedup over that baseline.
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["prompt_set"], r["temperature"], r["concurrency"]), []).append(r)
+    bars = 1 + max(len(g) for g in groups.values())
+    width = 0.8 / bars
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    drafters = sorted({(r["method"], r["k"]) for r in runs}, key=str)
+    colors = {d: f"C{i + 1}" for i, d in enumerate(drafters)}
+    for gi, group in enumerate(groups.values()):
+        ax.bar(gi, group[0]["baseline_tokens_per_s"], width, color="C0")
+        for j, r in enumerate(group, 1):
+            x = gi + j * width
+            ax.bar(x, r["tokens_per_s"], width, color=colors[(r["method"], r["k"])])
+            ax.text(
+                x, r["tokens_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7
+            )
+    ax.bar([], [], color="C0", label="without drafter")
+    for d, color in colors.items():
+        ax.bar([], [], color=color, label=f"{d[0]} k={d[1]}")
+    ax.set_xticks([gi + (bars - 1) * width / 2 for gi in range(len(groups))])
+    ax.set_xticklabels([f"{n}\nT={t} c={c}" for n, t, c in groups], fontsize=7)
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput with and without each drafter (speedup on the bars)")
+    ax.legend(fontsize=8)
+    save(fig, "throughput")
     return out
 
 
 # ---- content ----------------------------------------------------------------------------------
 
+VERDICT_NOTE = (
+    "τ = 1 + accepted / drafts from vLLM's spec-decode counters; τ predicted from validation: "
+    "1 + Σ_i Π_{{j≤i}} a_j over EAGLE-3's conditional accuracies per TTT step; for DFlash its "
+    "expected accepted length (eal) over the block when k = block size - 1, else the same sum "
+    "over its per-position accuracies (an estimate). The prediction comes from validation on "
+    "the training distribution, so it is judged on the held-out set ('{heldout}': prompts taken "
+    "out of the training pool, never trained on) only: there a measured τ far below it points "
+    "at a train/serve mismatch. Other sets are shown with it for reference; a set far from the "
+    "training prompts (another language, harder questions) is expected to score lower. Speedup "
+    "= tok/s with the drafter / tok/s without it, against one baseline measured for all "
+    "methods; below 1 the drafter makes decoding slower."
+)
+
+
+def _benchmark(methods: dict[str, dict]) -> list:
+    blocks: list = []
+    rows = []
+    for method, m in methods.items():
+        verdict = m["bench"].get("verdict", {})
+        prefix = f"{method}: " if len(methods) > 1 else ""
+        blocks.append(
+            ("banner", verdict.get("ok", False), prefix + verdict.get("message", "no verdict"))
+        )
+        blocks += [("banner", False, prefix + p) for p in verdict.get("problems", [])[1:]]
+        for r in m["bench"].get("runs", []):
+            ovb = r.get("outputs_vs_baseline")
+            rows.append(
+                [
+                    method,
+                    f"{HELDOUT_SET} (never trained on)"
+                    if r["prompt_set"] == HELDOUT_SET
+                    else r["prompt_set"],
+                    r["k"],
+                    r["temperature"],
+                    r["concurrency"],
+                    _fmt(r["acceptance_length"]),
+                    _fmt(r.get("predicted_acceptance_length")),
+                    " / ".join(_fmt(p, 2) for p in (r["per_position"] or [])),
+                    _fmt(r["tokens_per_s"]),
+                    _fmt(r["baseline_tokens_per_s"]),
+                    _fmt(r["speedup"]),
+                    f"{ovb['differing']}/{ovb['compared']}" if ovb else "–",
+                ]
+            )
+    header = [
+        "method",
+        "prompt set",
+        "k",
+        "T",
+        "conc.",
+        "τ measured",
+        "τ predicted",
+        "acceptance per position",
+        "tok/s drafter",
+        "tok/s baseline",
+        "speedup",
+        "outputs differing (T=0)",
+    ]
+    return [
+        *blocks,
+        ("table", header, rows),
+        ("p", VERDICT_NOTE.format(heldout=HELDOUT_SET)),
+        ("img", "acceptance_length"),
+        ("img", "acceptance_per_position"),
+        ("img", "throughput"),
+    ]
+
+
+def _drafter_shape(train: dict) -> str:
+    """Draft layers and what they draft, from the trainer fields of the drafter's training."""
+    t = (train.get("config") or {}).get("trainer") or {}
+    if not t:
+        return "–"
+    if t.get("speculator_type") == "dflash":
+        return f"{t['num_layers']} Qwen3 layers, block {t['block_size']}"
+    return f"{t.get('num_layers')} Llama layer(s), {t.get('ttt_steps')} TTT steps"
+
+
+def _side_by_side(methods: dict[str, dict]) -> list:
+    """One row per method and k: what it is, what training cost, and per prompt set its τ and
+    speedup (first temperature and concurrency measured)."""
+    sets: list[str] = []
+    for m in methods.values():
+        sets += [r["prompt_set"] for r in m["bench"].get("runs", []) if r["prompt_set"] not in sets]
+    rows = []
+    for method, m in methods.items():
+        runs = m["bench"].get("runs", [])
+        first = (runs[0]["temperature"], runs[0]["concurrency"]) if runs else None
+        for k in dict.fromkeys(r["k"] for r in runs):
+            at = {
+                r["prompt_set"]: r
+                for r in runs
+                if r["k"] == k and (r["temperature"], r["concurrency"]) == first
+            }
+            train = m["train"]
+            rows.append(
+                [
+                    method,
+                    _drafter_shape(train),
+                    k,
+                    _fmt(train.get("wall_s"), 3),
+                    _fmt((train.get("throughput") or {}).get("tokens_per_s")),
+                    *(
+                        f"{_fmt(at[s]['acceptance_length'])} / {_fmt(at[s]['speedup'])}x"
+                        if s in at
+                        else "–"
+                        for s in sets
+                    ),
+                ]
+            )
+    note = (
+        "Each method's drafter is trained from the same prepared rows, draft vocabulary and "
+        "hidden states and benchmarked on the same prompts against one baseline. Cells: τ "
+        "measured / speedup"
+    )
+    if rows and methods:
+        any_run = next(
+            (m["bench"]["runs"][0] for m in methods.values() if m["bench"].get("runs")), None
+        )
+        if any_run:
+            note += f" at T={any_run['temperature']}, concurrency {any_run['concurrency']}"
+    header = ["method", "drafter", "k", "training time (s)", "training tok/s", *sets]
+    return [("table", header, rows), ("p", note + ".")]
+
+
+def _consistency(methods: dict[str, dict]) -> list:
+    blocks: list = []
+    facts: dict[str, dict] = {}
+    for method, m in methods.items():
+        cons = m["bench"].get("consistency", {})
+        prefix = f"{method}: " if len(methods) > 1 else ""
+        blocks.append(
+            (
+                "banner",
+                cons.get("ok", False),
+                prefix
+                + (
+                    "drafter config matches extraction and target"
+                    if cons.get("ok")
+                    else "; ".join(cons.get("problems", ["not checked"]))
+                ),
+            )
+        )
+        facts[method] = cons.get("drafter") or {}
+    fields = list(dict.fromkeys(f for fs in facts.values() for f in fs))
+    rows = [[f, *(_fmt(facts[m].get(f)) for m in methods)] for f in fields]
+    return [*blocks, ("table", ["field", *methods], rows)]
+
+
+def _training(method: str, train: dict) -> list:
+    from .bench import best_val
+    from .method_results import ACCURACY_SERIES
+
+    val = best_val(train)
+    tp = train.get("throughput") or {}
+    epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
+    acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
+    series = ACCURACY_SERIES.get(method, ACCURACY_SERIES["eagle3"])
+    per = "TTT step" if method == "eagle3" else "block position"
+    val_rows = [
+        [f"validation {field.replace('_', ' ')} per {per}", acc(val.get(field))]
+        for field, _ in series
+    ]
+    if "eal" in val:
+        val_rows.append(["validation expected accepted length (eal)", _fmt(val.get("eal"))])
+    return [
+        (
+            "table",
+            ["", ""],
+            [
+                ["drafter", _drafter_shape(train)],
+                [f"epochs (exported: best by {train.get('best_by', 'validation loss')})", epochs],
+                ["validation loss", _fmt(val.get("loss"))],
+                *val_rows,
+                ["training tokens/s", _fmt(tp.get("tokens_per_s"))],
+                ["loader wait share of step time", _fmt(tp.get("loader_wait_fraction"))],
+                ["wall time (s)", _fmt(train.get("wall_s"))],
+            ],
+        ),
+        (
+            "table",
+            ["epoch", "train loss", "val loss", *(f"val {f.replace('_', ' ')}" for f, _ in series)],
+            [
+                [
+                    e["epoch"],
+                    _fmt(e["train"]["loss"]),
+                    _fmt((e.get("val") or {}).get("loss")),
+                    *(acc((e.get("val") or {}).get(f)) for f, _ in series),
+                ]
+                for e in train.get("epochs", [])
+            ],
+        ),
+        ("img", f"train_{method}"),
+    ]
+
 
 def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
     """Report content as (title, blocks); a block is ("p", text), ("table", header, rows),
-    ("img", key) or ("banner", ok, text)."""
-    bench, synth, manifest = d["bench"], d["synth"], d["manifest"]
-    train, vocab, prompts, prepare = d["train"], d["vocab"], d["prompts"], d["prepare"]
-    verdict = bench.get("verdict", {})
-    out: list[tuple[str, list]] = []
-
-    rows = []
-    for r in bench.get("runs", []):
-        ovb = r.get("outputs_vs_baseline")
-        rows.append(
-            [
-                f"{HELDOUT_SET} (never trained on)"
-                if r["prompt_set"] == HELDOUT_SET
-                else r["prompt_set"],
-                r["k"],
-                r["temperature"],
-                r["concurrency"],
-                _fmt(r["acceptance_length"]),
-                _fmt(r.get("predicted_acceptance_length")),
-                " / ".join(_fmt(p, 2) for p in (r["per_position"] or [])),
-                _fmt(r["tokens_per_s"]),
-                _fmt(r["baseline_tokens_per_s"]),
-                _fmt(r["speedup"]),
-                f"{ovb['differing']}/{ovb['compared']}" if ovb else "–",
-            ]
-        )
-    out.append(
-        (
-            "Benchmark",
-            [
-                (
-                    "banner",
-                    verdict.get("ok", False),
-                    verdict.get("message", "no benchmark verdict"),
-                ),
-                *[("banner", False, p) for p in verdict.get("problems", [])[1:]],
-                (
-                    "table",
-                    [
-                        "prompt set",
-                        "k",
-                        "T",
-                        "conc.",
-                        "τ measured",
-                        "τ predicted",
-                        "acceptance per position",
-                        "tok/s drafter",
-                        "tok/s baseline",
-                        "speedup",
-                        "outputs differing (T=0)",
-                    ],
-                    rows,
-                ),
-                (
-                    "p",
-                    "τ = 1 + accepted / drafts from vLLM's spec-decode counters; τ predicted = "
-                    "1 + Σ_i Π_{j≤i} a_j from the validation conditional accuracies a_j. The "
-                    "prediction comes from validation on the training distribution, so it is "
-                    f"judged on the held-out set ('{HELDOUT_SET}': prompts taken out of the "
-                    "training pool, never trained on) only: there a measured τ far below it "
-                    "points at a train/serve mismatch. Other sets are shown with it for "
-                    "reference; a set far from the training prompts (another language, harder "
-                    "questions) is expected to score lower. Speedup = tok/s with the drafter / "
-                    "tok/s without it; below 1 the drafter makes decoding slower.",
-                ),
-                ("img", "acceptance_length"),
-                ("img", "acceptance_per_position"),
-                ("img", "throughput"),
-            ],
-        )
-    )
-
-    cons = bench.get("consistency", {})
-    out.append(
-        (
-            "Train/serve consistency",
-            [
-                (
-                    "banner",
-                    cons.get("ok", False),
-                    "drafter config matches extraction and target"
-                    if cons.get("ok")
-                    else "; ".join(cons.get("problems", ["not checked"])),
-                ),
-                (
-                    "table",
-                    ["field", "drafter"],
-                    [[k, _fmt(v)] for k, v in (cons.get("drafter") or {}).items()],
-                ),
-            ],
-        )
-    )
+    ("img", key) or ("banner", ok, text). ``d["methods"]`` maps each drafter method to its
+    ``{"bench": bench metrics, "train": train metrics}``; the other keys are the stages'."""
+    synth, manifest = d["synth"], d["manifest"]
+    vocab, prompts, prepare = d["vocab"], d["prompts"], d["prepare"]
+    methods = d["methods"]
+    out: list[tuple[str, list]] = [("Benchmark", _benchmark(methods))]
+    if len(methods) > 1:
+        out.append(("Methods side by side", _side_by_side(methods)))
+    out.append(("Train/serve consistency", _consistency(methods)))
 
     tc = synth.get("template_check", {})
     out.append(
@@ -353,56 +467,35 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
         )
     )
 
-    from .bench import best_val
-
-    val = best_val(train)
-    tp = train.get("throughput") or {}
-    epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
-    acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
-    out.append(
-        (
-            "Training",
-            [
-                (
-                    "table",
-                    ["", ""],
-                    [
-                        ["epochs (exported: best by validation loss)", epochs],
-                        ["validation loss", _fmt(val.get("loss"))],
-                        ["validation full accuracy per TTT step", acc(val.get("full_acc"))],
-                        ["validation conditional accuracy per TTT step", acc(val.get("cond_acc"))],
-                        ["training tokens/s", _fmt(tp.get("tokens_per_s"))],
-                        ["loader wait share of step time", _fmt(tp.get("loader_wait_fraction"))],
-                        ["wall time (s)", _fmt(train.get("wall_s"))],
-                    ],
-                ),
-                (
-                    "table",
-                    ["epoch", "train loss", "val loss", "val full acc", "val cond acc"],
-                    [
-                        [
-                            e["epoch"],
-                            _fmt(e["train"]["loss"]),
-                            _fmt((e.get("val") or {}).get("loss")),
-                            acc((e.get("val") or {}).get("full_acc")),
-                            acc((e.get("val") or {}).get("cond_acc")),
-                        ]
-                        for e in train.get("epochs", [])
-                    ],
-                ),
-                ("img", "train"),
-            ],
+    for method, m in methods.items():
+        out.append(
+            (
+                f"Training: {method}" if len(methods) > 1 else "Training",
+                _training(method, m["train"]),
+            )
         )
-    )
 
     prov_rows = []
-    for name in ("target", "prompts", "synth", "prepare", "vocab", "manifest", "train", "bench"):
-        p = (d.get(name) or {}).get("provenance") or {}
+    stages = {
+        name: d.get(name) for name in ("target", "prompts", "synth", "prepare", "vocab", "manifest")
+    }
+    for method, m in methods.items():
+        stages[f"train {method}"], stages[f"bench {method}"] = m["train"], m["bench"]
+    for name, data in stages.items():
+        p = (data or {}).get("provenance") or {}
         if p:
             prov_rows.append(
                 [name, p.get("config_hash"), (p.get("code") or {}).get("git"), p.get("created")]
             )
-    pk = ((bench.get("provenance") or {}).get("packages")) or {}
+    benches = [m["bench"] for m in methods.values()]
+    pk = next(
+        (
+            b["provenance"]["packages"]
+            for b in benches
+            if (b.get("provenance") or {}).get("packages")
+        ),
+        {},
+    )
     out.append(
         (
             "Provenance",
@@ -480,26 +573,35 @@ def render_markdown(
 
 def build(
     inputs: dict[str, str],
+    methods: dict[str, dict[str, str]],
     html_out,
     markdown_out,
     plots_dir,
     run_name: str,
     bench_prompt_stats: list[str] = (),
 ) -> None:
-    """``inputs`` names each stage's JSON output (and the plots); ``bench_prompt_stats`` are
-    the stats files of the benchmark prompt sets, merged into the prompts section."""
+    """``inputs`` names each stage's JSON output (and the vocab plot); ``methods`` maps each
+    drafter method to its ``{"train": metrics.json, "train_plot": loss.png, "bench":
+    metrics.json}``; ``bench_prompt_stats`` are the stats files of the benchmark prompt sets,
+    merged into the prompts section."""
     data = {name: read_json(path) for name, path in inputs.items() if str(path).endswith(".json")}
     if "prompts" in data:
         data["prompts"]["bench"] = {
             name: st for path in bench_prompt_stats for name, st in read_json(path)["bench"].items()
         }
-    for name in ("bench", "synth", "manifest", "train", "vocab", "prompts", "prepare", "target"):
+    for name in ("synth", "manifest", "vocab", "prompts", "prepare", "target"):
         data.setdefault(name, {})
+    data["methods"] = {
+        m: {"train": read_json(paths["train"]), "bench": read_json(paths["bench"])}
+        for m, paths in methods.items()
+    }
     plots_dir = Path(plots_dir)
-    images = plot_bench(data["bench"], plots_dir)
+    runs = [r for m in data["methods"].values() for r in m["bench"].get("runs", [])]
+    images = plot_bench(runs, plots_dir)
     images["vocab"] = Path(inputs["vocab_plot"]) if "vocab_plot" in inputs else None
-    images["train"] = Path(inputs["train_plot"]) if "train_plot" in inputs else None
-    title = f"EAGLE-3 drafter report: run {run_name}"
+    for m, paths in methods.items():
+        images[f"train_{m}"] = Path(paths["train_plot"])
+    title = f"Drafter report ({', '.join(methods)}): run {run_name}"
     content = sections(data)
     with atomic_path(html_out) as tmp:
         tmp.write_text(render_html(title, content, images))

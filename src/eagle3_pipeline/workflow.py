@@ -36,6 +36,8 @@ MODULE_ROLES = {
     "fileio": INFRASTRUCTURE,
     "gpus": INFRASTRUCTURE,
     "hs_backend": LOGIC,
+    "method_results": LOGIC,
+    "methods": LOGIC,
     "prepare": LOGIC,
     "prompts": LOGIC,
     "provenance": INFRASTRUCTURE,

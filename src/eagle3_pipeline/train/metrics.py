@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import AppendLog
+from ..method_results import metric_keys
 from ..stats import median
 
 METRICS_FORMAT = "eagle3-pipeline/train-metrics@1"
@@ -24,18 +25,17 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _per_step(metrics: dict[str, Any], prefix: str, ttt: int, suffix: str = "") -> list:
-    return [metrics.get(f"{prefix}_{k}{suffix}") for k in range(ttt)]
-
-
 def summarize(
-    records: list[dict[str, Any]], ttt_steps: int, warmup_steps: int = 0
+    records: list[dict[str, Any]], method: str, positions: int, warmup_steps: int = 0
 ) -> dict[str, Any]:
     """Per-epoch train/val metrics, throughput and resume history from the records.
 
-    A step that was trained twice (after a resume) counts once, from the later attempt.
-    ``warmup_steps`` first steps of every attempt are left out of the throughput figures.
+    The metrics are the method's (:func:`eagle3_pipeline.methods.metric_keys`; ``positions``
+    draft positions: EAGLE-3's TTT steps, DFlash's block slots). A step that was trained twice
+    (after a resume) counts once, from the later attempt. ``warmup_steps`` first steps of every
+    attempt are left out of the throughput figures.
     """
+    keys = metric_keys(method, positions)
     train: dict[int, dict] = {}
     for r in records:
         if r["kind"] == "train":
@@ -76,23 +76,22 @@ def summarize(
             "epoch": e,
             "logged_steps": len(steps),
             "global_steps": [steps[0]["global_step"], steps[-1]["global_step"]] if steps else None,
+            # each field: the mean over the epoch's logged steps (per position for a list)
             "train": {
-                "loss": _mean([m.get("loss") for m in tm]),
-                "loss_per_ttt_step": [
-                    _mean([m.get(f"loss_{k}") for m in tm]) for k in range(ttt_steps)
-                ],
-                "full_acc": [_mean([m.get(f"full_acc_{k}") for m in tm]) for k in range(ttt_steps)],
-                "cond_acc": [_mean([m.get(f"cond_acc_{k}") for m in tm]) for k in range(ttt_steps)],
+                field: [_mean([m.get(k) for m in tm]) for k in key]
+                if isinstance(key, list)
+                else _mean([m.get(key) for m in tm])
+                for field, key in keys.items()
             },
             "tokens_per_s": tokens / seconds if seconds else None,
         }
         if e in val:
             vm = val[e]["val"]
             entry["val"] = {
-                "loss": vm.get("loss_epoch"),
-                "loss_per_ttt_step": _per_step(vm, "loss", ttt_steps, "_epoch"),
-                "full_acc": _per_step(vm, "full_acc", ttt_steps, "_epoch"),
-                "cond_acc": _per_step(vm, "cond_acc", ttt_steps, "_epoch"),
+                field: [vm.get(f"{k}_epoch") for k in key]
+                if isinstance(key, list)
+                else vm.get(f"{key}_epoch")
+                for field, key in keys.items()
             }
         per_epoch.append(entry)
 

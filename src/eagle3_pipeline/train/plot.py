@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import atomic_path
+from ..method_results import ACCURACY_SERIES
 
 
 def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path) -> None:
@@ -18,7 +19,8 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
         return float("nan") if x is None else float(x)
 
     epochs = metrics["epochs"]
-    ttt = metrics["config"]["ttt_steps"]
+    method = metrics.get("method", "eagle3")
+    n = metrics["config"]["positions"]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.6))
 
     train = {int(r["global_step"]): r for r in records if r["kind"] == "train"}
@@ -56,27 +58,33 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
             color="gray",
             ls=":",
             lw=1,
-            label=f"exported (epoch {metrics['best_epoch'] + 1})",
+            label=f"exported (epoch {metrics['best_epoch'] + 1}, {metrics.get('best_by', '')})",
         )
     finite = [y for y in ys if y == y and y > 0]
     if finite and max(finite) / min(finite) > 8:  # early spikes would flatten the rest
         ax_loss.set_yscale("log")
     ax_loss.set_xlabel("epoch")
-    ax_loss.set_ylabel(f"loss (sum over {ttt} TTT steps)")
-    ax_loss.set_title("Loss")
+    ax_loss.set_ylabel(
+        f"loss (sum over {n} TTT steps)" if method == "eagle3" else "loss (block positions)"
+    )
+    ax_loss.set_title(f"Loss ({method})")
     ax_loss.grid(alpha=0.3)
     ax_loss.legend(fontsize=8)
 
-    colors = plt.cm.viridis([i / max(1, ttt - 1) * 0.85 for i in range(ttt)])
-    for k in range(ttt):
-        full = [num(e["val"]["full_acc"][k]) for e in epochs if "val" in e]
-        cond = [num(e["val"]["cond_acc"][k]) for e in epochs if "val" in e]
-        ax_acc.plot(vx, full, "o-", color=colors[k], label=f"step {k + 1} full")
-        ax_acc.plot(vx, cond, "o--", color=colors[k], alpha=0.6, label=f"step {k + 1} conditional")
+    colors = plt.cm.viridis([i / max(1, n - 1) * 0.85 for i in range(n)])
+    for style, (field, label) in zip(("o-", "o--"), ACCURACY_SERIES[method], strict=False):
+        for k in range(n):
+            ys_acc = [num(e["val"][field][k]) for e in epochs if "val" in e]
+            alpha = 1.0 if style == "o-" else 0.6
+            ax_acc.plot(vx, ys_acc, style, color=colors[k], alpha=alpha, label=label.format(k + 1))
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("validation accuracy")
     ax_acc.set_ylim(0, 1)
-    ax_acc.set_title("Validation accuracy per TTT step")
+    ax_acc.set_title(
+        "Validation accuracy per TTT step"
+        if method == "eagle3"
+        else "Validation accuracy per block position"
+    )
     ax_acc.grid(alpha=0.3)
     ax_acc.legend(fontsize=8, ncol=2)
     for ax in (ax_loss, ax_acc):

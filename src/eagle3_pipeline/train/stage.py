@@ -11,6 +11,8 @@ from typing import Any
 
 from .. import consistency
 from ..fileio import AppendLog, read_json, write_json
+from ..method_results import BEST_BY, positions, prediction
+from ..methods import layer_ids_of
 from ..provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
 from .errors import TrainError
@@ -48,8 +50,11 @@ def run(
     work_dir: str,
     log_path: str | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) and export the drafter; returns the metrics written."""
+    """Train (or resume) and export the drafter of ``cfg["method"]`` (default eagle3); returns
+    the metrics written. ``cfg`` is that method's train config
+    (:func:`eagle3_pipeline.methods.method_train_config`) with the operational keys."""
     t0 = time.time()
+    method = cfg.get("method", "eagle3")
     target_info = read_json(target_json)
     verifier = str(Path(target_info["model_path"]).resolve())
     manifest_path = Path(manifest_path).resolve()
@@ -72,13 +77,15 @@ def run(
     k = draft_vocab_size_of(d2t)
     save_path = work / CHECKPOINTS
     records_path = work / RECORDS
+    # the method's own layers, or the ones extraction captured for every method
+    aux_layer_ids = layer_ids_of(cfg) or manifest["aux_layer_ids"]
 
     train_config, backend_args = trainer_args(
         cfg,
         verifier_path=verifier,
         dataset_dir=dataset_dir,
         hidden_states_root=str(hs_root),
-        aux_layer_ids=manifest["aux_layer_ids"],
+        aux_layer_ids=aux_layer_ids,
         d2t_path=str(d2t),
         t2d_path=str(t2d),
         draft_vocab_size=k,
@@ -97,11 +104,12 @@ def run(
     kept = prepare_work_dir(work, fp)
     scheduler = train_config["scheduler_type"] != "none"
     log.info(
-        "train: %d epoch(s), %s, draft vocab %d, aux layers %s, %s",
+        "train %s: %d epoch(s), %s, draft vocab %d, aux layers %s, %s",
+        method,
         cfg["epochs"],
         f"{gpus} GPU(s)" if gpus else "CPU",
         k,
-        manifest["aux_layer_ids"],
+        aux_layer_ids,
         "resuming from work dir" if kept else "fresh work dir",
     )
 
@@ -154,32 +162,38 @@ def run(
         "reused": reused,
         "trained_steps": sum(r["kind"] == "train" for r in records) - steps_before,
     }
-    best = best_checkpoint(save_path)
+    best = best_checkpoint(save_path, records, method)
     drafter = Path(drafter_dir)
     export_checkpoint(best, drafter, verifier)
+    n_positions = positions(method, train_config)
     # the first step of each attempt (worker start, compilation) is left out of throughput
-    summary = summarize(records, int(train_config["ttt_steps"]), warmup_steps=1)
+    summary = summarize(records, method, n_positions, warmup_steps=1)
+    resolved = {**resolve_auto(cfg), "aux_layer_ids": aux_layer_ids}
     cons = consistency.check(
         drafter,
         manifest,
         target_info,
-        configured=resolve_auto(cfg),
+        configured=resolved,
         vocab_map=(d2t, t2d),
         target_window=target_window,
     )
-    best_val = None
-    vm = best / "val_metrics.json"
-    if vm.exists():
-        best_val = json.loads(vm.read_text()).get("loss_epoch")
+    best_epoch = int(best.name) if best.name.isdigit() else None
+    best_val = next((e["val"] for e in summary["epochs"] if e["epoch"] == best_epoch), {})
     metrics = {
         "format": METRICS_FORMAT,
-        "best_epoch": int(best.name) if best.name.isdigit() else None,
-        "best_val_loss": best_val,
+        "method": method,
+        "best_epoch": best_epoch,
+        "best_by": "validation "
+        + ("lowest " if not BEST_BY[method][1] else "highest ")
+        + BEST_BY[method][0],
+        "best_val_loss": best_val.get("loss"),
+        "prediction": prediction(method, best_val, train_config),
         **summary,
         "consistency": cons,
         "config": {
-            "ttt_steps": int(train_config["ttt_steps"]),
-            "resolved": resolve_auto(cfg),
+            "method": method,
+            "positions": n_positions,
+            "resolved": resolved,
             "trainer": train_config,
             "launch": launch_command(work / "job.json", gpus),
         },
@@ -204,16 +218,22 @@ def run(
             "train/serve consistency checks failed (details in "
             f"{metrics_out}):\n  - " + "\n  - ".join(cons["problems"])
         )
-    last = metrics["epochs"][-1] if metrics["epochs"] else {}
     log.info(
-        "drafter exported to %s (epoch %s, val loss %s, val full acc %s, %s tok/s)",
+        "%s drafter exported to %s (epoch %s, best by %s; validation %s; %s tok/s)",
+        method,
         drafter,
-        metrics["best_epoch"],
-        best_val,
-        [round(a, 3) if a is not None else None for a in last.get("val", {}).get("full_acc", [])],
+        best_epoch,
+        metrics["best_by"],
+        ", ".join(f"{k} {_short(v)}" for k, v in best_val.items()),
         _fmt(metrics["throughput"]["tokens_per_s"]),
     )
     return metrics
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, list):
+        return "/".join(_short(x) for x in v)
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def _fmt(x: float | None) -> str:

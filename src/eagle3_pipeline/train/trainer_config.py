@@ -1,5 +1,6 @@
-"""The ``train`` config section mapped onto speculators' flat ``TrainConfig`` fields (pure: no
-file access, no speculators import)."""
+"""The ``train`` config of one drafter method mapped onto speculators' flat ``TrainConfig``
+fields (pure: no file access, no speculators import). The fields every method shares are built
+here, the method's own by :func:`eagle3_pipeline.methods.method_fields`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..methods import method_fields
 from .errors import TrainError
 
 # Resolved values of the config's "auto" settings: (CPU, GPU).
@@ -17,7 +19,8 @@ AUTO = {
     "total_seq_len": (2048, 8192),
 }
 # Keys the pipeline derives from its inputs; extra_args may not override them (the aux layer ids,
-# for one, come from the hidden-states manifest and are never typed twice).
+# for one, come from the hidden-states manifest and are never typed twice; DFlash's causality
+# flag from the window, see methods.py).
 PROTECTED = frozenset(
     {
         "speculator_type",
@@ -27,6 +30,7 @@ PROTECTED = frozenset(
         "hidden_states_path",
         "on_missing",
         "target_layer_ids",
+        "sliding_window_non_causal",
         "d2t_path",
         "t2d_path",
         "draft_vocab_size",
@@ -117,10 +121,8 @@ def trainer_args(
     problems = device_problems(cfg)
     if problems:
         raise TrainError("; ".join(problems))
-    num_layers = int(c["num_layers"])
     window = c.get("sliding_window")
     args: dict[str, Any] = {
-        "speculator_type": "eagle3",
         "seed": int(c.get("seed", 0)),
         # verifier and data
         "verifier_name_or_path": str(verifier_path),
@@ -136,16 +138,7 @@ def trainer_args(
         "d2t_path": str(d2t_path),
         "t2d_path": str(t2d_path),
         "draft_vocab_size": int(draft_vocab_size),
-        "num_layers": num_layers,
-        "draft_arch": "llama",
-        "norm_before_fc": bool(c["norm_before_fc"]),
-        "norm_output": bool(c["norm_output"]),
         "draft_attn_impl": c["attn_impl"],
-        # speculators' default is a 2048 window on every draft layer; null means full attention
-        # on every layer (the unused sliding_window value stays at speculators' default).
-        "full_attention_indices": list(range(num_layers)) if window is None else [],
-        # loss
-        "ttt_steps": int(c["ttt_steps"]),
         "loss_implementation": c["loss_implementation"],
         # optimizer and schedule
         "optimizer": c["optimizer"],
@@ -165,6 +158,8 @@ def trainer_args(
         "log_dir": str(log_dir),
         "run_name": "eagle3-pipeline",
     }
+    # the method's model and loss: speculator type, draft decoder, layers, attention pattern
+    args.update(method_fields(c))
     if window is not None:
         args["sliding_window"] = int(window)
     extra = dict(c.get("extra_args") or {})
