@@ -45,7 +45,9 @@ async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
                 json=synth.request_body(row, endpoint.model, cfg),
             ) as r,
         ):
-            return (await r.json())["usage"]["completion_tokens"]
+            # a prompt the server rejects (too long for max_model_len) counts no tokens, as
+            # in the pipeline's client
+            return (await r.json()).get("usage", {}).get("completion_tokens", 0)
 
     conn = aiohttp.TCPConnector(limit=cfg["concurrency"])
     async with aiohttp.ClientSession(connector=conn) as s:
@@ -93,7 +95,7 @@ def main() -> None:
         model = target.load_info(tj)["model_path"]
     with tempfile.TemporaryDirectory() as tmp:
         prompts.build_train(
-            {**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}]},
+            {**cfg["prompts"], "train": [{"source": "sharegpt", "n": args.prompts}], "heldout": 0},
             train_out=Path(tmp) / "p.jsonl.zst",
             stats_out=Path(tmp) / "s.json",
         )

@@ -308,3 +308,18 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     # only says that the engine core failed.
     cause = str(err.value).split("Last log lines")[0]
     assert "Errors it logged" in cause and "size" in cause.lower(), str(err.value)
+
+
+def test_bench_servers_hold_as_many_sequences_as_the_benchmark_sends():
+    # vLLM 0.26 reserves k - 1 draft slots per schedulable sequence for DFlash: with its default
+    # of 1,024 sequences a k = 15 drafter did not start on the H200 (max_num_scheduled_tokens
+    # -6144). The bench never sends more than its highest concurrency at once.
+    vllm_cfg = {"extra_args": ["--gpu-memory-utilization", "0.25"]}
+    cfg = {"server_args": ["--enable-prefix-caching"], "concurrency": [1, 8]}
+    assert bench.server_args(cfg, vllm_cfg) == ["--enable-prefix-caching", "--max-num-seqs", "8"]
+    # a cap the user set (in either place) is kept as given
+    assert bench.server_args({**cfg, "server_args": ["--max-num-seqs=4"]}, vllm_cfg) == [
+        "--max-num-seqs=4"
+    ]
+    user_vllm = {"extra_args": ["--max-num-seqs", "64"]}
+    assert bench.server_args(cfg, user_vllm) == ["--enable-prefix-caching"]

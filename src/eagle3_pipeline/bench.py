@@ -248,6 +248,22 @@ def load_cached(cache_dir: Path, fp: str) -> list[dict] | None:
     return entry["runs"] if entry.get("fingerprint") == fp else None
 
 
+def server_args(cfg: dict, vllm_cfg: dict) -> list[str]:
+    """The bench servers' own arguments: ``bench.server_args``, and as many sequences as the
+    benchmark ever sends at once (the highest ``bench.concurrency``) unless the user set it.
+
+    vLLM reserves draft slots for every sequence it could schedule out of the batch's token
+    budget: on vLLM 0.26 a DFlash drafter at k = 15 with the H200 default of 1,024 sequences
+    needs 14 x 1,024 slots of a budget of 8,192 and the server refuses to start
+    ("max_num_scheduled_tokens is set to -6144"). A benchmark never has more sequences in
+    flight than its concurrency, so the cap changes no measurement; baseline and drafter
+    servers get the same one. It also shortens the CUDA graph capture at start."""
+    args = list(cfg["server_args"])
+    if not any(a.split("=")[0] == "--max-num-seqs" for a in [*vllm_cfg["extra_args"], *args]):
+        args += ["--max-num-seqs", str(max(cfg["concurrency"]))]
+    return args
+
+
 def start_server(
     cfg: dict, vllm_cfg: dict, target: dict, spec_cfg: dict | None, what: str, log_path
 ) -> VllmServer:
@@ -255,7 +271,7 @@ def start_server(
     spec = spec_for_target(
         vllm_cfg,
         target,
-        extra_args=cfg["server_args"],
+        extra_args=server_args(cfg, vllm_cfg),
         speculative_config=spec_cfg,
     )
     try:
