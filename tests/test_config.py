@@ -356,3 +356,29 @@ def test_cli_dotted_config_keys_are_rejected_by_snakemake_itself(tmp_path):
     proc = snakemake("-n", "--config", "vllm.max_model_len=4096", workdir=tmp_path, check=False)
     assert proc.returncode == 1
     assert "Config entry must start with a valid identifier" in proc.output
+
+
+def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_json, tmp_path):
+    """vLLM would refuse it only after its engine started, under a pydantic headline that hides
+    the cause; a stage refuses it before starting a server."""
+    from eagle3_pipeline import extract, synth
+    from eagle3_pipeline.server import spec_for_target
+    from eagle3_pipeline.target import load_info
+
+    target = load_info(target_json)  # the packaged SmolLM2-135M: 9 attention heads
+    cfg = cfglib.validate({"vllm": {"device": "cuda", "tensor_parallel_size": 2}})
+    with pytest.raises(cfglib.ConfigError) as err:
+        spec_for_target(cfg["vllm"], target)
+    assert str(err.value) == (
+        "config key `vllm.tensor_parallel_size`: 2 does not divide the target's 9 attention "
+        "heads (target.json: architecture.num_attention_heads), which vLLM requires; sizes "
+        "that do: 1, 3, 9"
+    )
+    # the stages that start a server build its spec through this check
+    endpoint = synth.open_endpoint(cfg["synth"], cfg["vllm"], target, tmp_path / "server.log")
+    with pytest.raises(cfglib.ConfigError, match="does not divide"), endpoint:
+        pass
+    with pytest.raises(cfglib.ConfigError, match="does not divide"):
+        extract.server_spec(cfg["vllm"], target, [2, 15, 27], tmp_path, cfg["extract"])
+    tp3 = spec_for_target(dict(cfg["vllm"], tensor_parallel_size=3), target)
+    assert tp3.tensor_parallel_size == 3 and tp3.model == target["model_path"]

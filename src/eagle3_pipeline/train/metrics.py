@@ -47,6 +47,17 @@ def summarize(
     first_step: dict[int, int] = {}
     for step, r in sorted(train.items()):
         first_step.setdefault(r["attempt"], step)
+    # speculators' profile counts rank 0's batch only (speculators/train/trainer.py: the tokens
+    # of its local batch over its step time); the ranks step in lockstep, each with its own
+    # packed batch of about the same size, so the run's rate is about world size times that
+    world_size = {
+        r["attempt"]: int(r.get("world_size") or 1) for r in records if r["kind"] == "start"
+    }
+
+    def step_tokens(r: dict) -> float:
+        """Tokens all ranks processed in a profiled step."""
+        p = r.get("profile") or {}
+        return (p.get("tokens_per_s") or 0) * p["step_ms"] / 1000 * world_size.get(r["attempt"], 1)
 
     epochs = sorted(set(int(r["epoch"]) for r in train.values()) | set(val))
     per_epoch = []
@@ -60,7 +71,7 @@ def summarize(
                 continue
             if p.get("step_ms") and p.get("tokens_per_s") is not None:
                 seconds += p["step_ms"] / 1000
-                tokens += p["tokens_per_s"] * p["step_ms"] / 1000
+                tokens += step_tokens(r)
         entry: dict[str, Any] = {
             "epoch": e,
             "logged_steps": len(steps),
@@ -92,7 +103,7 @@ def summarize(
         if step - first_step.get(r["attempt"], 0) < warmup_steps or not p.get("step_ms"):
             continue
         seconds += p["step_ms"] / 1000
-        tokens += (p.get("tokens_per_s") or 0) * p["step_ms"] / 1000
+        tokens += step_tokens(r)
         step_ms.append(p["step_ms"])
         fetch_ms.append(p.get("fetch_ms") or 0.0)
     # loader probe: per batch, how long next() blocked; the interval between two batches is
@@ -119,10 +130,12 @@ def summarize(
         "loader_step_interval_ms_median": 1000 * median(intervals) if intervals else None,
         "loader_wait_fraction": (sum(waits) / sum(intervals)) if intervals else None,
         "peak_gpu_allocated_gib": max(peaks) if peaks else None,
-        "peak_gpu_reserved_gib": max((r.get("peak_reserved_gib") or 0) for r in ends) or None,
+        "peak_gpu_reserved_gib": max((r.get("peak_reserved_gib") or 0 for r in ends), default=0)
+        or None,
         "warmup_steps_excluded": warmup_steps,
-        "note": "tokens/s from the trainer's profile of logged steps (every log_freq); loader "
-        "wait = time next() on the DataLoader blocked, per batch",
+        "note": "tokens/s of all ranks: the trainer's profile of logged steps (every log_freq, "
+        "rank 0's batch) times the world size; loader wait = time next() on the DataLoader "
+        "blocked, per batch",
     }
     starts = [r for r in records if r["kind"] == "start"]
     attempts = []
