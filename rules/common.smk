@@ -101,6 +101,14 @@ def gpus(stage):
     return cfglib.stage_gpus(config, stage)
 
 
+def vllm_threads():
+    """A job's vLLM server on the CPU uses every core: it says so, and Snakemake runs it alone
+    (a benchmark measured beside another server measures the contention; the shared baseline,
+    ready right after the prompts, would otherwise run beside synth). On GPUs the `gpus`
+    resource orders the servers."""
+    return workflow.cores if config["vllm"]["device"] == "cpu" else 1
+
+
 def extract_parts():
     return list(range(config["extract"]["jobs"]))
 

@@ -15,6 +15,7 @@ rule extract:
         bench_of("extract_part{part}")
     conda:
         "../envs/vllm.yaml"
+    threads: vllm_threads()
     resources:
         gpus=gpus("extract"),
         gpu=gpus("extract"),  # same count, under the name the slurm plugin turns into --gpus

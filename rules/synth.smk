@@ -12,6 +12,7 @@ rule synth:
         bench_of("synth")
     conda:
         "../envs/vllm.yaml"
+    threads: vllm_threads()
     resources:
         gpus=gpus("synth"),
         gpu=gpus("synth"),  # same count, under the name the slurm plugin turns into --gpus
