@@ -14,6 +14,7 @@ rule bench_baseline:
         bench_of("bench_baseline")
     conda:
         "../envs/vllm.yaml"
+    threads: measuring_threads()
     resources:
         gpus=gpus("bench"),
         gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus
@@ -49,6 +50,7 @@ rule bench:
         bench_of("bench_{method}")
     conda:
         "../envs/vllm.yaml"
+    threads: measuring_threads()
     resources:
         gpus=gpus("bench"),
         gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus

@@ -105,6 +105,14 @@ def extract_parts():
     return list(range(config["extract"]["jobs"]))
 
 
+def measuring_threads():
+    """Threads of a job that measures throughput (bench_baseline, bench). On the CPU its vLLM
+    server computes on the cores every other job uses, so it takes them all (capped at
+    --cores): nothing runs beside a measurement, and the baseline and each drafter are timed
+    alike. On GPUs one thread drives the server."""
+    return 64 if gpus("bench") == 0 else 1
+
+
 def drafter_methods():
     """The drafter methods trained and benchmarked side by side (train.methods)."""
     return config["train"]["methods"]
