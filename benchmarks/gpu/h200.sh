@@ -10,8 +10,9 @@
 #                                                   steps of a lane (joined by ,) one by one
 #   bash benchmarks/gpu/h200.sh poll [SECONDS]      wait until the plan ends or SECONDS pass, then
 #                                                   print its status (default 540)
-#   bash benchmarks/gpu/h200.sh collect [RUN...]    pack the figures into $OUT/h200-results.tar.xz
-#                                                   (and those runs' synth answers, to reuse)
+#   bash benchmarks/gpu/h200.sh collect [--synth RUN...] [--drafters RUN...]
+#                                                   pack the figures into $OUT/h200-results.tar.xz
+#                                                   (and those runs' synth answers / drafters)
 #
 # Steps are the functions of benchmarks/gpu/steps.sh, e.g.
 #   bash benchmarks/gpu/h200.sh start facts smoke,eff+quality_synth

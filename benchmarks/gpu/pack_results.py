@@ -1,8 +1,10 @@
 """Pack what a GPU host run measured into one archive small enough to bring home.
 
-    python3 benchmarks/gpu/pack_results.py /tmp/w $OUT/h200-results.tar.xz [RUN...]
+    python3 benchmarks/gpu/pack_results.py /tmp/w $OUT/h200-results.tar.xz \
+        [--synth RUN...] [--drafters RUN...]
 
-With RUN names, also packs those runs' synth answers and journal (see pack_synth).
+--synth also packs those runs' synth answers and journal (to carry to a later host: pack_parts),
+--drafters those runs' trained drafters (config and weights), each set in parts that come back.
 
 Takes every run's figures, plots, reports, configs of the drafters, Snakemake's job
 benchmarks and logs (logs cut to their last MiB), the efficiency benchmarks' JSON and the plan's
@@ -12,6 +14,7 @@ must stay under the 16 MiB a remote command may return per file.
 
 from __future__ import annotations
 
+import argparse
 import io
 import sys
 import tarfile
@@ -49,28 +52,36 @@ KEEP = [
 LOG_TAIL = 1 << 20
 LIMIT = 15 << 20
 # A run's synth answers and journal, to bring home and carry to a later host so that its synth
-# stage reuses them instead of generating again; packed apart and split into parts that fit.
+# stage reuses them instead of generating again.
 SYNTH = ["synth/synth.jsonl.zst", "synth/stats.json", "synth/.partial/*"]
+# A run's drafters: what vLLM loads (one drafter per method, or the single drafter of a run
+# made before train.methods).
+DRAFTERS = [f"drafter/{d}{f}" for d in ("", "*/") for f in ("*.json", "*.safetensors")]
 
 
-def pack_synth(base: Path, run: str, out: Path) -> None:
-    files = sorted(p for pat in SYNTH for p in (base / "repo/results" / run).glob(pat))
+def pack_parts(base: Path, run: str, what: str, patterns: list[str], out: Path) -> None:
+    """Pack a run's files matching ``patterns`` into ``<run>-<what>.tar.xz.partNN`` beside
+    ``out``, each part small enough to come back."""
+    files = sorted(p for pat in patterns for p in (base / "repo/results" / run).glob(pat))
     if not files:
+        print(f"{run}: no {what} files to pack")
         return
-    tmp = out.with_name(f"{run}-synth.tar.xz")
+    tmp = out.with_name(f"{run}-{what}.tar.xz")
     with tarfile.open(tmp, "w:xz") as tar:
         for p in files:
             tar.add(p, arcname=str(p.relative_to(base / "repo")))
     data = tmp.read_bytes()
     tmp.unlink()
     for i in range(0, len(data), LIMIT):
-        (out.parent / f"{run}-synth.tar.xz.part{i // LIMIT:02d}").write_bytes(data[i : i + LIMIT])
-    print(f"packed {run}'s synth ({len(files)} files) into {len(data) / 2**20:.1f} MiB of parts")
+        (out.parent / f"{run}-{what}.tar.xz.part{i // LIMIT:02d}").write_bytes(data[i : i + LIMIT])
+    print(f"packed {run}'s {what} ({len(files)} files) into {len(data) / 2**20:.1f} MiB of parts")
 
 
-def main(root: str, out: str, *synth_runs: str) -> None:
+def main(root: str, out: str, synth_runs: list[str], drafter_runs: list[str]) -> None:
     for run in synth_runs:
-        pack_synth(Path(root), run, Path(out))
+        pack_parts(Path(root), run, "synth", SYNTH, Path(out))
+    for run in drafter_runs:
+        pack_parts(Path(root), run, "drafters", DRAFTERS, Path(out))
     base = Path(root)
     files = sorted({p for pat in KEEP for p in base.glob(pat) if p.is_file()})
     with tarfile.open(out, "w:xz") as tar:
@@ -88,4 +99,10 @@ def main(root: str, out: str, *synth_runs: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root")
+    ap.add_argument("out")
+    ap.add_argument("--synth", nargs="*", default=[], metavar="RUN")
+    ap.add_argument("--drafters", nargs="*", default=[], metavar="RUN")
+    a = ap.parse_args()
+    main(a.root, a.out, a.synth, a.drafters)

@@ -20,18 +20,38 @@ smoke() { smk smoke --configfile config/gpu.yaml; }
 quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth; }
 quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
 quality() { smk quality --configfile config/gpu-quality.yaml; }
+# EAGLE-3 next to DFlash (config/gpu-methods.yaml): a synth journal carried from an earlier
+# session is adopted once prompts and target exist (docs/gpu.md), EAGLE-3 is trained and
+# benchmarked first, then DFlash and the report (-k: one method's failure keeps the other's).
+METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml)
+methods_prep() {
+  smk methods "${METHODS_CFG[@]}" --until prompts_train target
+  if [ -f results/gpu-methods/synth/.partial/journal.jsonl ]; then
+    python3 benchmarks/gpu/adopt_synth_journal.py "${METHODS_CFG[@]}"
+  fi
+}
+methods_eagle3() { smk methods "${METHODS_CFG[@]}" results/gpu-methods/bench/eagle3/metrics.json; }
+methods() { smk methods "${METHODS_CFG[@]}" -k; }
 eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
     --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
 }
+# The extraction benchmarks read the rows of a finished prepare stage: the default GPU run's
+# (smoke), or another run's named by EFF_RUN, waited for when that run is still going.
+EFF_RUN=${EFF_RUN:-gpu}
+eff_data() {
+  until [ -f "results/$EFF_RUN/hidden_states/manifest.json" ]; do sleep 10; done
+}
 eff_extract() {
+  eff_data
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml \
-    --dataset results/gpu/prepare/dataset --target results/gpu/target/target.json \
+    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
     --rows 159 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput.json"
 }
 eff_extract_8b() {
+  eff_data
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
-    --dataset results/gpu/prepare/dataset --target results/gpu/target/target.json \
+    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
     --rows 128 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput_8b.json"
 }
 eff() { eff_synth && eff_extract && eff_extract_8b; }
