@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,8 @@ def test_heldout_prompts_are_benchmarked_and_never_trained_on(run_dir):
     verdict = bench["verdict"]
     assert verdict["message"] == (verdict["problems"] or [verdict["message"]])[0]
     html = (run_dir / "report" / "report.html").read_text()
-    assert "heldout (never trained on)" in html and verdict["message"] in html
+    # the headline as the page shows it (escaped: "acceptance length 1.00 < 1.1")
+    assert "heldout (never trained on)" in html and escape(verdict["message"]) in html
 
 
 def test_every_stage_verified_its_output(run_dir):
