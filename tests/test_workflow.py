@@ -76,6 +76,26 @@ def test_default_config_asks_no_gpus(default_plan):
     assert gpu_rules == {"synth", "extract", "train", "bench_baseline", "bench"}
 
 
+@pytest.mark.parametrize("device, alone", [("cpu", True), ("cuda", False)])
+def test_a_throughput_measurement_runs_alone_on_the_cpu(tmp_path, device, alone):
+    """On the CPU a vLLM server computes on the cores every job shares: the baseline measured
+    beside synth, or two drafters beside each other, would be timed under load. So the bench
+    jobs take every core there (training already does); on GPUs they need one thread."""
+    jobs = plan(
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--cores",
+        "2",
+        "--config",
+        f"vllm={{device: {device}}}",
+        "train={methods: [eagle3, dflash]}",
+        workdir=tmp_path,
+    )
+    threads = {j.rule: int(j.fields.get("threads", 1)) for j in jobs}
+    assert threads["bench_baseline"] == threads["bench"] == (2 if alone else 1)
+    assert threads["synth"] == threads["extract"] == 1
+
+
 def test_lint_is_clean():
     out = snakemake("--lint").output
     assert "Congratulations, your workflow is in a good condition!" in out, out
@@ -592,7 +612,8 @@ def test_the_workflow_profile_turns_off_the_script_mtime_trigger(done_copy):
     script = done_copy / "workflow_scripts" / "vocab.py"
     st = script.stat()
     try:
-        # newer than every output, however old the checkout's file is
+        # an hour after now, not after the script's own mtime: a checkout older than an hour
+        # keeps its files' mtimes, and the script would still be older than the outputs
         later = time.time() + 3600
         os.utime(script, (later, later))
         assert "Nothing to be done" in snakemake("-n", repo=done_copy).output
