@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shutil
 import sys
 import time
@@ -37,11 +36,9 @@ def main() -> int:
         "--server-arg", action="append", default=[], help="extra vLLM server argument (repeat)"
     )
     args = ap.parse_args()
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stdout,
-    )
+    from eagle3_pipeline.runtime import setup_logging
+
+    setup_logging(None)
 
     from datasets import load_from_disk
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shutil
 import sys
 from pathlib import Path
@@ -32,11 +31,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stdout,
-    )
+    from eagle3_pipeline.runtime import setup_logging
+
+    setup_logging(None)
 
     from eagle3_pipeline import config, methods
     from eagle3_pipeline.train import stage
