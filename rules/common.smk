@@ -106,7 +106,9 @@ def vllm_threads():
     (a benchmark measured beside another server measures the contention; the shared baseline,
     ready right after the prompts, would otherwise run beside synth). On GPUs the `gpus`
     resource orders the servers."""
-    return workflow.cores if config["vllm"]["device"] == "cpu" else 1
+    # 64: more than any CPU node here has; Snakemake caps a job's threads at --cores (asking
+    # for workflow.cores would fail where no --cores is given, as under the slurm executor)
+    return 64 if config["vllm"]["device"] == "cpu" else 1
 
 
 def extract_parts():
