@@ -22,11 +22,11 @@ import sys
 from pathlib import Path
 
 import yaml
-from snakemake.utils import validate
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
+from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import synth
 from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.target import load_info
@@ -36,11 +36,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configfile", nargs="+", required=True)
     a = ap.parse_args()
-    cfg: dict = {}
-    for f in a.configfile:  # later files win, section by section, as in Snakemake
-        for k, v in (yaml.safe_load(Path(f).read_text()) or {}).items():
-            cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
-    validate(cfg, str(REPO / "config/schema.yaml"), set_default=True)
+    first, *more = a.configfile
+    overrides: dict = {}
+    for f in more:  # later files win, merged as Snakemake merges them
+        cfglib.deep_update(overrides, yaml.safe_load(Path(f).read_text()) or {})
+    cfg = cfglib.load(first, overrides)
     run = Path("results") / cfg["run"]
     prompts = {p["id"]: p for p in iter_jsonl(run / "prompts/train.jsonl.zst")}
     work = run / "synth/.partial"
