@@ -138,6 +138,11 @@ def main() -> None:
         help="serve a model of this shape with random weights (vLLM load_format dummy) instead "
         "of --target: the prefill of a real 8B target, the tokens of the dataset",
     )
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        help="override the config's share of GPU memory (an 8B target needs more than the "
+        "135M configs leave it)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     setup_logging(None)
@@ -148,6 +153,8 @@ def main() -> None:
     if args.dummy_shape:
         info = dummy_target(args.dummy_shape, Path(info["model_path"]), Path(tempfile.mkdtemp()))
         extra += ["--load-format", "dummy"]
+    if args.gpu_memory_utilization:  # vLLM takes the last of repeated flags
+        extra += ["--gpu-memory-utilization", args.gpu_memory_utilization]
     ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))
     rows = ds["input_ids"]
     tokens = sum(len(r) for r in rows)

@@ -33,15 +33,39 @@ methods_prep() {
 # (targets before --configfile: Snakemake would read them as more config files)
 methods_eagle3() { smk methods results/gpu-methods/bench/eagle3/metrics.json "${METHODS_CFG[@]}"; }
 methods() { smk methods "${METHODS_CFG[@]}" -k; }
+# The same run in three lanes on the one GPU (each trains or measures while the others do):
+#   lane 1: m_data (synth, prepare, vocab, extract), m_train_eagle3, m_bench_eagle3
+#   lane 2: m_baseline, m_dflash (train + bench)        once m_data is done
+#   then:   m_report (only the report is left)
+# Each lane's Snakemake holds its own GPU lock directory and runs with --nolock (the workflow's
+# directory lock would stop the second); no two lanes ever schedule the same job: a lane waits
+# for the step whose outputs it reads.
+M=(--nolock "${METHODS_CFG[@]}")
+R=results/gpu-methods
+wait_step() {  # wait_step NAME: 0 once NAME is ok, 1 when it failed
+  until grep -qE "^$1 (ok|FAIL)" "$W/status.log" 2>/dev/null; do sleep 5; done
+  grep -qE "^$1 ok" "$W/status.log"
+}
+m_data() { smk m1 "${M[@]}" --until extract_gather vocab prompts_bench; }
+m_train_eagle3() { smk m1 $R/drafter/eagle3/metrics.json "${M[@]}"; }
+m_bench_eagle3() { wait_step m_baseline && smk m1 $R/bench/eagle3/metrics.json "${M[@]}"; }
+m_baseline() { wait_step m_data && smk m2 $R/bench/baseline.json "${M[@]}"; }
+m_dflash() { smk m2 $R/bench/dflash/metrics.json "${M[@]}"; }
+m_report() { smk m1 "${METHODS_CFG[@]}" -k; }
 eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
     --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
 }
 # The extraction benchmarks read the rows of a finished prepare stage: the default GPU run's
-# (smoke), or another run's named by EFF_RUN, waited for when that run is still going.
+# (smoke), or another run's named by EFF_RUN, waited for (at most 20 minutes) while that run
+# is still going.
 EFF_RUN=${EFF_RUN:-gpu}
 eff_data() {
-  until [ -f "results/$EFF_RUN/hidden_states/manifest.json" ]; do sleep 10; done
+  local t=0
+  until [ -f "results/$EFF_RUN/prepare/dataset/state.json" ]; do
+    sleep 10; t=$((t + 10))
+    [ $t -ge 1200 ] && { echo "no prepared dataset in results/$EFF_RUN after 20 min" >&2; return 1; }
+  done
 }
 eff_extract() {
   eff_data
@@ -53,7 +77,8 @@ eff_extract_8b() {
   eff_data
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
     --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
-    --rows 128 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput_8b.json"
+    --rows 128 --concurrency 32 --rounds 2 --gpu-memory-utilization 0.4 \
+    --out "$W/bench/h200_extract_throughput_8b.json"
 }
 eff() { eff_synth && eff_extract && eff_extract_8b; }
 curve() {
