@@ -5,10 +5,11 @@
 # Each step logs to /tmp/w/logs/<step>.log and appends "<step> start|ok|FAIL ..." to
 # /tmp/w/status.log. A failed step does not stop the others.
 set -uo pipefail
-W=/tmp/w
+W=${W:-/tmp/w}
 mkdir -p "$W/logs" "$W/bench"
 export VLLM_CACHE_ROOT=$W/vllm-cache  # compiled graphs are shared by the servers of a lane
-SMK=(python3 -m snakemake --cores all --resources gpus=1)
+# (--cores last: --resources takes every word up to the next option, targets included)
+SMK=(python3 -m snakemake ${SMK_FLAGS:-} --resources gpus=1 --cores all)  # SMK_FLAGS=-n: plan only
 
 # Concurrent Snakemake runs ("lanes") each hold their own GPU lock directory: on this host they
 # share the one GPU on purpose (a 135M model needs a sliver of it; vllm.extra_args caps each
@@ -52,6 +53,8 @@ m_bench_eagle3() { wait_step m_baseline && smk m1 $R/bench/eagle3/metrics.json "
 m_baseline() { wait_step m_data && smk m2 $R/bench/baseline.json "${M[@]}"; }
 m_dflash() { smk m2 $R/bench/dflash/metrics.json "${M[@]}"; }
 m_report() { smk m1 "${METHODS_CFG[@]}" -k; }
+m_train_dflash() { smk m1 $R/drafter/dflash/metrics.json "${M[@]}"; }
+m_bench_dflash() { wait_step m_baseline && smk m1 $R/bench/dflash/metrics.json "${M[@]}"; }
 eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
     --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
