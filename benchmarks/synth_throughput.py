@@ -6,7 +6,9 @@ Starts one vLLM server on the target (default: the packaged SmolLM2, materialize
 tests/.cache) with prefix caching off, then alternates runs of (a) the pipeline's synth client
 (the openai client with retries, journaling every record, progress) and (b) a bare aiohttp
 client firing the same requests, in the order a b b a ..., and reports completion tokens/s of
-each and the ratio.
+each and the ratio, and the CPU time each client spends per request (the server is another
+process: on a GPU host, where the server is fast, a client's CPU per request caps its rate).
+--profile adds one unmeasured pipeline run under cProfile and prints where its CPU time goes.
 Goal: ratio >= 0.95.
 """
 
@@ -65,6 +67,19 @@ def pipeline(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
     return outcome["completion_tokens"]
 
 
+def profiled(run, top: int = 25) -> str:
+    """The functions where ``run`` spent its CPU time (cProfile, own time first)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile(time.process_time)
+    prof.runcall(run)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="HF model dir (default: the packaged SmolLM2)")
@@ -75,6 +90,7 @@ def main() -> None:
     ap.add_argument(
         "--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)"
     )
+    ap.add_argument("--profile", action="store_true", help="profile one extra pipeline run")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     setup_logging(None)
@@ -105,12 +121,14 @@ def main() -> None:
 
     spec = spec_from_config(cfg["vllm"], model, extra_args=["--no-enable-prefix-caching"])
     figures = {"bare": [], "pipeline": []}
+    cpu_ms = {"bare": [], "pipeline": []}  # client CPU milliseconds per request
+    profile = None
     with VllmServer(spec, Path(tempfile.gettempdir()) / "synth-bench-server.log") as server:
         ep = Endpoint(base_url=server.base_url, model=server.model_name, server=server)
         asyncio.run(bare(ep, rows[:4], cfg["synth"]))  # warm-up
         order = (["pipeline", "bare", "bare", "pipeline"] * args.rounds)[: 2 * args.rounds]
         for which in order:
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.process_time()
             tokens = (
                 pipeline(ep, rows, cfg["synth"])
                 if which == "pipeline"
@@ -118,13 +136,25 @@ def main() -> None:
             )
             rate = tokens / (time.monotonic() - t0)
             figures[which].append(rate)
-            print(f"{which:9s} {tokens:7d} tokens  {rate:8.1f} tok/s", flush=True)
+            cpu_ms[which].append(1000 * (time.process_time() - c0) / len(rows))
+            print(
+                f"{which:9s} {tokens:7d} tokens  {rate:8.1f} tok/s  "
+                f"client CPU {cpu_ms[which][-1]:.2f} ms/request",
+                flush=True,
+            )
+        if args.profile:
+            profile = profiled(lambda: pipeline(ep, rows, cfg["synth"]))
     med = {k: statistics.median(v) for k, v in figures.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
     ratio = med["pipeline"] / med["bare"]
     print(
         f"\nmedian tok/s: pipeline {med['pipeline']:.1f}, bare {med['bare']:.1f}; "
-        f"ratio {ratio:.3f} (goal >= 0.95)"
+        f"ratio {ratio:.3f} (goal >= 0.95)\n"
+        f"client CPU per request: pipeline {med_cpu['pipeline']:.2f} ms, "
+        f"bare {med_cpu['bare']:.2f} ms"
     )
+    if profile:
+        print(profile)
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -132,6 +162,8 @@ def main() -> None:
                     "runs": figures,
                     "median": med,
                     "ratio": ratio,
+                    "client_cpu_ms_per_request": cpu_ms,
+                    "profile_top": profile,
                     "args": vars(args),
                     "vllm": cfg["vllm"],
                     "versions": versions(),
