@@ -239,6 +239,17 @@ def set_fingerprint(drafter: str | None, target: dict, prompts_path, settings: d
     )
 
 
+def baseline_key(target: dict, cfg: dict, vllm_cfg: dict) -> tuple[None, dict, dict]:
+    """What the baseline's cached measurements are keyed by (see measure_cached)."""
+    return (None, target, measurement_settings(cfg, vllm_cfg, "bench_baseline"))
+
+
+def drafter_key(drafter_dir, target: dict, cfg: dict, vllm_cfg: dict) -> tuple[str, dict, dict]:
+    """What a drafter's cached measurements are keyed by (``cfg``: the bench section with the
+    method's own num_speculative_tokens)."""
+    return (drafter_identity(drafter_dir), target, measurement_settings(cfg, vllm_cfg))
+
+
 def load_cached(cache_dir: Path, fp: str) -> list[dict] | None:
     path = cache_dir / f"{fp}.json"
     try:
@@ -265,9 +276,16 @@ def server_args(cfg: dict, vllm_cfg: dict) -> list[str]:
 
 
 def start_server(
-    cfg: dict, vllm_cfg: dict, target: dict, spec_cfg: dict | None, what: str, log_path
+    cfg: dict,
+    vllm_cfg: dict,
+    target: dict,
+    spec_cfg: dict | None,
+    what: str,
+    log_path,
+    cache_root=None,
 ) -> VllmServer:
-    """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one)."""
+    """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one);
+    ``cache_root``: its own vLLM compile cache (servers compiling side by side)."""
     spec = spec_for_target(
         vllm_cfg,
         target,
@@ -275,7 +293,7 @@ def start_server(
         speculative_config=spec_cfg,
     )
     try:
-        return VllmServer(spec, log_path).start()
+        return VllmServer(spec, log_path, cache_root).start()
     except ServerError as e:
         hint = (
             f"If the message below names the drafter, its checkpoint at {spec_cfg['model']} is "
@@ -302,10 +320,36 @@ def measure_on_server(
         measured = measure(server, sets, cfg, spec_decode=spec_cfg is not None)
     finally:
         server.stop()
+    return runs_by_set(measured, sets)
+
+
+def runs_by_set(measured: dict[tuple, dict], sets) -> dict[str, list[dict]]:
+    """What :func:`measure` returns, as each prompt set's runs (the cached form)."""
     runs: dict[str, list[dict]] = {name: [] for name in sets}
     for (name, temperature, conc), res in measured.items():
         runs[name].append({"temperature": temperature, "concurrency": conc, **res})
     return runs
+
+
+def store_cached(cache_dir, fps: dict[str, str], measured: dict[str, list[dict]]) -> None:
+    """Keep each prompt set's runs under its fingerprint (``fps``) in ``cache_dir``."""
+    for name, runs in measured.items():
+        write_json(
+            Path(cache_dir) / f"{fps[name]}.json",
+            {"fingerprint": fps[name], "prompt_set": name, "runs": runs},
+        )
+
+
+def cache_fingerprints(
+    prompt_files: dict[str, str], key: tuple[str | None, dict, dict]
+) -> dict[str, str]:
+    """Per prompt set, the fingerprint its measurement is cached under: ``key`` is (drafter
+    identity or None, target, settings)."""
+    drafter, target, settings = key
+    return {
+        name: set_fingerprint(drafter, target, path, settings)
+        for name, path in prompt_files.items()
+    }
 
 
 def measure_cached(
@@ -319,11 +363,7 @@ def measure_cached(
     measured by ``measure_todo({name: prompts})`` (-> (runs per set, servers started)) and
     cached. Returns the runs and ``this_run`` (what was measured or reused)."""
     cache_dir = Path(cache_dir)
-    drafter, target, settings = key
-    fps = {
-        name: set_fingerprint(drafter, target, path, settings)
-        for name, path in prompt_files.items()
-    }
+    fps = cache_fingerprints(prompt_files, key)
     by_set = {name: load_cached(cache_dir, fp) for name, fp in fps.items()}
     todo = {
         name: list(iter_jsonl(prompt_files[name])) for name, runs in by_set.items() if runs is None
@@ -338,12 +378,8 @@ def measure_cached(
     servers = 0
     if todo:
         measured, servers = measure_todo(todo)
-        for name, runs in measured.items():
-            write_json(
-                cache_dir / f"{fps[name]}.json",
-                {"fingerprint": fps[name], "prompt_set": name, "runs": runs},
-            )
-            by_set[name] = runs
+        store_cached(cache_dir, fps, measured)
+        by_set.update(measured)
     return by_set, {
         "servers_started": servers,
         "measured_sets": list(todo),
@@ -365,20 +401,19 @@ def run_baseline(
     the T=0 comparisons, the output token ids) to ``out``."""
     t0 = time.monotonic()
     target = load_info(target_json)
-    settings = measurement_settings(cfg, vllm_cfg, "bench_baseline")
+    key = baseline_key(target, cfg, vllm_cfg)
 
     def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
         what = "the baseline server (no drafter)"
         return measure_on_server(todo, cfg, vllm_cfg, target, None, what, log_path), 1
 
-    key = (None, target, settings)
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     baseline = {
         "sets": {
             name: {"prompts_sha256": sha256_file(prompt_files[name]), "runs": runs}
             for name, runs in by_set.items()
         },
-        "settings": settings,
+        "settings": key[2],
         "this_run": this_run,
         "elapsed_s": round(time.monotonic() - t0, 1),
         "provenance": provenance(cfg, inputs=prompt_files),
@@ -465,8 +500,6 @@ def run(
     prediction = read_json(train_metrics).get("prediction") or {}
     baseline = read_json(baseline_json)
     t0 = time.monotonic()
-    drafter = drafter_identity(drafter_dir)
-    settings = measurement_settings(cfg, vllm_cfg)
 
     def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
         runs: dict[str, list[dict]] = {name: [] for name in todo}
@@ -478,7 +511,7 @@ def run(
                 runs[name] += [{"k": k, **row} for row in rows]
         return runs, len(cfg["num_speculative_tokens"])
 
-    key = (drafter, target, settings)
+    key = drafter_key(drafter_dir, target, cfg, vllm_cfg)
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     order = {
         "k": cfg["num_speculative_tokens"],

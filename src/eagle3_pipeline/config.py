@@ -320,6 +320,19 @@ def load(path: str | Path, overrides: dict | None = None) -> dict:
     return validate(cfg)
 
 
+DEFAULT_PATH = SCHEMA_PATH.with_name("config.yaml")
+
+
+def load_files(paths: list[str | Path]) -> dict:
+    """The config a Snakemake run with ``--configfile PATHS`` gets: the workflow's
+    config/config.yaml, then each file merged over it in order (nested keys merged, lists
+    replaced), validated."""
+    cfg = yaml.safe_load(DEFAULT_PATH.read_text()) or {}
+    for path in paths:
+        deep_update(cfg, yaml.safe_load(Path(path).read_text()) or {})
+    return validate(cfg)
+
+
 def deep_update(base: dict, other: dict) -> dict:
     for k, v in other.items():
         if isinstance(v, dict) and isinstance(base.get(k), dict):
