@@ -27,10 +27,18 @@ def host_copy(tmp_path_factory) -> Path:
     root = copy_repo(tmp_path_factory.mktemp("host"))
     (root / "benchmarks" / "gpu").mkdir(parents=True)
     shutil.copy2(REPO / "benchmarks" / "gpu" / "steps.sh", root / "benchmarks" / "gpu")
+    shutil.copy2(REPO / "benchmarks" / "drafter_speed.py", root / "benchmarks")
+    shutil.copytree(REPO / "benchmarks" / "configs", root / "benchmarks" / "configs")
     return root
 
 
-def run_step(root: Path, tmp_path: Path, step: str) -> set[str]:
+FIVE_K = {
+    "METHODS_EXTRA": "benchmarks/configs/gpu_methods_5k.yaml",
+    "METHODS_RUN": "gpu-methods-5k",
+}
+
+
+def call_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> str:
     # the steps a lane waits for have finished
     (tmp_path / "status.log").write_text("m_data ok 1 s\nm_baseline ok 1 s\n")
     env = {
@@ -39,6 +47,7 @@ def run_step(root: Path, tmp_path: Path, step: str) -> set[str]:
         "SMK_FLAGS": "-n",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(root / "src"),
+        **(env or {}),
     }
     proc = subprocess.run(
         ["bash", "-c", f"source benchmarks/gpu/steps.sh && {step}"],
@@ -49,7 +58,11 @@ def run_step(root: Path, tmp_path: Path, step: str) -> set[str]:
         timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return set(job_names(parse_jobs(proc.stdout)))
+    return proc.stdout
+
+
+def run_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> set[str]:
+    return set(job_names(parse_jobs(call_step(root, tmp_path, step, env))))
 
 
 @pytest.mark.parametrize(
@@ -72,3 +85,30 @@ def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, n
     jobs = run_step(host_copy, tmp_path, step)
     assert planned <= jobs, (step, sorted(jobs))
     assert not (not_planned & jobs), (step, sorted(jobs))
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        ("m_data", {"synth", "extract_gather", "vocab"}, {"bench_baseline"} | EAGLE3 | DFLASH),
+        ("m_train_eagle3", {"train[method=eagle3]"}, {"bench_baseline"} | DFLASH),
+        ("m_train_dflash", {"train[method=dflash]"}, {"bench_baseline"} | EAGLE3),
+    ],
+)
+def test_a_run_named_by_an_extra_config_file(host_copy, tmp_path, step, planned, not_planned):
+    """METHODS_EXTRA/METHODS_RUN: the 5k session's run, its own results directory."""
+    out = call_step(host_copy, tmp_path, step, FIVE_K)
+    jobs = set(job_names(parse_jobs(out)))
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+    assert "results/gpu-methods-5k/" in out and "results/gpu-methods/" not in out
+
+
+def test_the_speed_step_plans_every_server_of_the_run(host_copy, tmp_path):
+    out = call_step(host_copy, tmp_path, "m_speed", {**FIVE_K, "SPEED_FLAGS": "--plan"})
+    servers = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert list(servers)[:5] == ["baseline", "eagle3-k3", "dflash-k3", "dflash-k7", "dflash-k15"]
+    assert servers["dflash-k7"][0] == "results/gpu-methods-5k/drafter/dflash"
+    assert servers["prompt"] == ["sets:", "mtbench", "humaneval", "heldout"]
+    # the five servers fit on the GPU beside two trainings
+    assert " ".join(servers["vllm"]) == '["--gpu-memory-utilization", "0.12"]'

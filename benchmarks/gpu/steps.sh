@@ -24,15 +24,17 @@ quality() { smk quality --configfile config/gpu-quality.yaml; }
 # EAGLE-3 next to DFlash (config/gpu-methods.yaml): a synth journal carried from an earlier
 # session is adopted once prompts and target exist (docs/gpu.md), EAGLE-3 is trained and
 # benchmarked first, then DFlash and the report (-k: one method's failure keeps the other's).
-METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml)
+# METHODS_EXTRA: one more config file over those two, METHODS_RUN: the run it names.
+METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml ${METHODS_EXTRA:-})
+R=results/${METHODS_RUN:-gpu-methods}
 methods_prep() {
   smk methods "${METHODS_CFG[@]}" --until prompts_train target
-  if [ -f results/gpu-methods/synth/.partial/journal.jsonl ]; then
+  if [ -f $R/synth/.partial/journal.jsonl ]; then
     python3 benchmarks/gpu/adopt_synth_journal.py "${METHODS_CFG[@]}"
   fi
 }
 # (targets before --configfile: Snakemake would read them as more config files)
-methods_eagle3() { smk methods results/gpu-methods/bench/eagle3/metrics.json "${METHODS_CFG[@]}"; }
+methods_eagle3() { smk methods $R/bench/eagle3/metrics.json "${METHODS_CFG[@]}"; }
 methods() { smk methods "${METHODS_CFG[@]}" -k; }
 # The same run in three lanes on the one GPU (each trains or measures while the others do):
 #   lane 1: m_data (synth, prepare, vocab, extract), m_train_eagle3, m_bench_eagle3
@@ -42,7 +44,6 @@ methods() { smk methods "${METHODS_CFG[@]}" -k; }
 # directory lock would stop the second); no two lanes ever schedule the same job: a lane waits
 # for the step whose outputs it reads.
 M=(--nolock "${METHODS_CFG[@]}")
-R=results/gpu-methods
 wait_step() {  # wait_step NAME: 0 once NAME is ok, 1 when it failed
   until grep -qE "^$1 (ok|FAIL)" "$W/status.log" 2>/dev/null; do sleep 5; done
   grep -qE "^$1 ok" "$W/status.log"
@@ -53,8 +54,15 @@ m_bench_eagle3() { wait_step m_baseline && smk m1 $R/bench/eagle3/metrics.json "
 m_baseline() { wait_step m_data && smk m2 $R/bench/baseline.json "${M[@]}"; }
 m_dflash() { smk m2 $R/bench/dflash/metrics.json "${M[@]}"; }
 m_report() { smk m1 "${METHODS_CFG[@]}" -k; }
-m_train_dflash() { smk m1 $R/drafter/dflash/metrics.json "${M[@]}"; }
+m_train_dflash() { smk m2 $R/drafter/dflash/metrics.json "${M[@]}"; }
 m_bench_dflash() { wait_step m_baseline && smk m1 $R/bench/dflash/metrics.json "${M[@]}"; }
+# Every bench server of the run at once (benchmarks/drafter_speed.py), beside the trainings:
+# the baseline starts at once, each drafter's servers when its training ends; measured in
+# turn, stored in the bench cache so that m_report starts no server.
+m_speed() {
+  python3 benchmarks/drafter_speed.py --configfile "${METHODS_CFG[@]:1}" --wait 1500 \
+    --store-cache --out "$W/bench/h200_drafter_speed.json" ${SPEED_FLAGS:-}  # SPEED_FLAGS=--plan
+}
 eff_synth() {
   python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
     --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
