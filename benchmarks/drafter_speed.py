@@ -156,18 +156,26 @@ class Starter:
             time.sleep(max(0.0, self._last + self.stagger_s - time.monotonic()))
             self._last = time.monotonic()
         t1 = time.monotonic()
-        try:
-            s.server = bench.start_server(
-                s.bench_cfg,
-                self.cfg["vllm"],
-                self.target,
-                spec_cfg,
-                s.name,
-                self.run / "logs" / f"speed_{s.name}.log",
-                cache_root=self.run / ".vllm-cache-speed" / s.name,
-            )
-        except (bench.BenchError, ServerError) as e:
-            s.error = str(e)[-2000:]
+        # a second try: vLLM sizes its KV cache from the GPU memory that grew while it
+        # profiled, and a training beside it may have grown it
+        for attempt in (1, 2):
+            try:
+                s.server = bench.start_server(
+                    s.bench_cfg,
+                    self.cfg["vllm"],
+                    self.target,
+                    spec_cfg,
+                    s.name,
+                    self.run / "logs" / f"speed_{s.name}.log",
+                    cache_root=self.run / ".vllm-cache-speed" / s.name,
+                )
+                s.error = None
+                break
+            except (bench.BenchError, ServerError) as e:
+                s.error = str(e)[-2000:]
+                log.warning("%s: start %d failed: %s", s.name, attempt, s.error[-300:])
+                if self._done.wait(20):
+                    break
         s.timings["start_s"] = round(time.monotonic() - t1, 1)
         log.info(
             "%s: %s after %.0f s", s.name, "up" if s.server else "FAILED", s.timings["start_s"]
