@@ -1,7 +1,7 @@
 """Drafters side by side on one GPU: every server starts at once, measurements take turns.
 
     python3 benchmarks/drafter_speed.py --configfile config/gpu-quality.yaml \\
-        config/gpu-methods.yaml benchmarks/configs/gpu_methods_5k.yaml \\
+        config/gpu-methods.yaml benchmarks/configs/gpu_methods_2500.yaml \\
         --wait 1800 --store-cache --out /tmp/w/bench/h200_drafter_speed.json
 
 For a run whose drafters are trained, or still training (``--wait``): one server for the

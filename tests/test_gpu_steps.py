@@ -32,9 +32,9 @@ def host_copy(tmp_path_factory) -> Path:
     return root
 
 
-FIVE_K = {
-    "METHODS_EXTRA": "benchmarks/configs/gpu_methods_5k.yaml",
-    "METHODS_RUN": "gpu-methods-5k",
+SMALL = {
+    "METHODS_EXTRA": "benchmarks/configs/gpu_methods_2500.yaml",
+    "METHODS_RUN": "gpu-methods-2500",
 }
 
 
@@ -96,19 +96,19 @@ def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, n
     ],
 )
 def test_a_run_named_by_an_extra_config_file(host_copy, tmp_path, step, planned, not_planned):
-    """METHODS_EXTRA/METHODS_RUN: the 5k session's run, its own results directory."""
-    out = call_step(host_copy, tmp_path, step, FIVE_K)
+    """METHODS_EXTRA/METHODS_RUN: the fourth session's run, its own results directory."""
+    out = call_step(host_copy, tmp_path, step, SMALL)
     jobs = set(job_names(parse_jobs(out)))
     assert planned <= jobs, (step, sorted(jobs))
     assert not (not_planned & jobs), (step, sorted(jobs))
-    assert "results/gpu-methods-5k/" in out and "results/gpu-methods/" not in out
+    assert "results/gpu-methods-2500/" in out and "results/gpu-methods/" not in out
 
 
 def test_the_speed_step_plans_every_server_of_the_run(host_copy, tmp_path):
-    out = call_step(host_copy, tmp_path, "m_speed", {**FIVE_K, "SPEED_FLAGS": "--plan"})
+    out = call_step(host_copy, tmp_path, "m_speed", {**SMALL, "SPEED_FLAGS": "--plan"})
     servers = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
-    assert list(servers)[:5] == ["baseline", "eagle3-k3", "dflash-k3", "dflash-k7", "dflash-k15"]
-    assert servers["dflash-k7"][0] == "results/gpu-methods-5k/drafter/dflash"
+    assert list(servers)[:4] == ["baseline", "eagle3-k3", "dflash-k3", "dflash-k15"]
+    assert servers["dflash-k15"][0] == "results/gpu-methods-2500/drafter/dflash"
     assert servers["prompt"] == ["sets:", "mtbench", "humaneval", "heldout"]
-    # the five servers fit on the GPU beside two trainings
+    # the four servers fit on the GPU beside two trainings
     assert " ".join(servers["vllm"]) == '["--gpu-memory-utilization", "0.12"]'
