@@ -323,3 +323,32 @@ def test_bench_servers_hold_as_many_sequences_as_the_benchmark_sends():
     ]
     user_vllm = {"extra_args": ["--max-num-seqs", "64"]}
     assert bench.server_args(cfg, user_vllm) == ["--enable-prefix-caching"]
+
+
+def test_report_puts_two_methods_side_by_side(tmp_path):
+    """The report of a real two-method run (the committed CPU methods run): both drafters'
+    rows, their own verdicts and the side-by-side table with training time and τ."""
+    run = Path(__file__).parents[1] / "benchmarks" / "results" / "methods_cpu"
+    methods = {
+        m: {
+            "train": run / "drafter" / m / "metrics.json",
+            "train_plot": run / "drafter" / m / "loss.png",
+            "bench": run / "bench" / m / "metrics.json",
+        }
+        for m in ("eagle3", "dflash")
+    }
+    html, md = tmp_path / "report.html", tmp_path / "report.md"
+    report.build({}, methods, html, md, tmp_path / "plots", "methods")
+    text = md.read_text()
+    assert text.startswith("# Drafter report (eagle3, dflash): run methods")
+    side = text.split("## Methods side by side", 1)[1].split("##", 1)[0]
+    rows = [
+        line
+        for line in side.splitlines()
+        if line.startswith("| eagle3") or line.startswith("| dflash")
+    ]
+    assert [r.split("|")[1].strip() for r in rows] == ["eagle3", "dflash", "dflash"]
+    assert "1.22 / 1.44x" in rows[0] and "5 Qwen3 layers, block 8" in rows[1]
+    assert "eagle3: SLOWER" in text and "dflash: DRAFTER NOT WORKING" in text
+    assert (tmp_path / "plots" / "acceptance_per_position.png").stat().st_size > 0
+    assert "Methods side by side" in html.read_text()
