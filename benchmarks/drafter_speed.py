@@ -98,6 +98,8 @@ class Starter:
         self.run, self.deadline, self.stagger_s = run, deadline, stagger_s
         self._gate = threading.Lock()
         self._last = 0.0
+        self._check_lock = threading.Lock()
+        self._checks: dict[Path, dict] = {}
         self._done = threading.Event()
         self._ready = [threading.Event() for _ in servers]
         self._threads = [
@@ -131,9 +133,24 @@ class Starter:
     def _one(self, i: int, s: Server) -> None:
         try:
             self._start(s)
+        except Exception as e:  # a thread's exception would vanish: the server is reported failed
+            s.error = f"{type(e).__name__}: {e}"
+            log.exception("%s: not started", s.name)
         finally:
             self._ready[i].set()
         self._done.wait()
+
+    def _check(self, drafter_dir: Path) -> dict:
+        """The consistency check, once per drafter and one thread at a time: the servers of
+        one method at several k ask at the same moment, and transformers 5 resolves its lazy
+        imports unsafely across threads ("cannot import name 'AutoConfig' from
+        'transformers'" lost DFlash's k=15 server on the H200)."""
+        with self._check_lock:
+            if drafter_dir not in self._checks:
+                self._checks[drafter_dir] = consistency.check(
+                    drafter_dir, self.manifest, self.target
+                )
+            return self._checks[drafter_dir]
 
     def _start(self, s: Server) -> None:
         t0 = time.monotonic()
@@ -142,7 +159,7 @@ class Starter:
             if not wait_for(s.drafter_dir / "metrics.json", self.deadline, self._done):
                 s.error = f"no trained drafter in {s.drafter_dir} before the deadline"
                 return
-            check = consistency.check(s.drafter_dir, self.manifest, self.target)
+            check = self._check(s.drafter_dir)
             if not check["ok"]:
                 s.error = "consistency: " + "; ".join(check["problems"])
                 return

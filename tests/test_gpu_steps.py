@@ -112,3 +112,26 @@ def test_the_speed_step_plans_every_server_of_the_run(host_copy, tmp_path):
     assert servers["prompt"] == ["sets:", "mtbench", "humaneval", "heldout"]
     # the four servers fit on the GPU beside two trainings
     assert " ".join(servers["vllm"]) == '["--gpu-memory-utilization", "0.12"]'
+
+
+def test_a_server_whose_start_raises_is_reported_failed(tmp_path, monkeypatch):
+    """A starting thread's exception would vanish with the thread (on the H200 a lazy-import
+    race in transformers lost a server so, and the run still said ok): it is the server's error."""
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location(
+        "drafter_speed", REPO / "benchmarks" / "drafter_speed.py"
+    )
+    speed = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "drafter_speed", speed)  # dataclasses look it up
+    spec.loader.exec_module(speed)
+    drafter = tmp_path / "drafter" / "dflash"
+    drafter.mkdir(parents=True)
+    (drafter / "metrics.json").write_text("{}")  # trained, but no config.json: check() raises
+    servers = [speed.Server("dflash", k, {}, drafter_dir=drafter) for k in (3, 15)]
+    deadline = time.monotonic() + 30
+    with speed.Starter(servers, {}, {}, {}, tmp_path, deadline, stagger_s=0) as starter:
+        starter.wait_all()
+    assert all(s.server is None and s.error for s in servers), [s.error for s in servers]
+    assert all("config.json" in s.error for s in servers), [s.error for s in servers]
