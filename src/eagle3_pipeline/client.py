@@ -12,7 +12,6 @@ on a client built here with ``max_retries=0``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,7 +61,7 @@ async def chat(client: Any, body: dict[str, Any]) -> dict[str, Any]:
     import httpx
 
     response = await client.post("/chat/completions", body=body, cast_to=httpx.Response)
-    return json.loads(response.content)
+    return response.json()
 
 
 def get_text(client: Any, path: str) -> str:
