@@ -54,7 +54,7 @@ RUN = cfglib.run_dir(config)
 wildcard_constraints:
     part=r"\d+",
     name=r"[A-Za-z0-9_-]+",
-    method="|".join(cfglib.methods.METHODS),
+    method="|".join(cfglib.drafter_names(config)),
 
 
 def out(path):
@@ -116,7 +116,8 @@ def extract_parts():
 
 
 def drafter_methods():
-    """The drafter methods trained and benchmarked side by side (train.methods)."""
+    """The drafters (methods and variants) trained and benchmarked side by side
+    (train.methods)."""
     return config["train"]["methods"]
 
 

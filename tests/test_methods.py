@@ -51,7 +51,7 @@ def test_each_method_gets_only_the_keys_it_reads():
     assert dflash["lr"] == eagle3["lr"]  # null: the shared one
     assert eagle3["num_layers"] == 1 and dflash["num_layers"] == 5
     assert dflash["extra_args"] == {"dflash_decay_gamma": 4.0} and eagle3["extra_args"] == {}
-    with pytest.raises(ValueError, match="unknown drafter method 'medusa'"):
+    with pytest.raises(ValueError, match="unknown drafter 'medusa'"):
         methods.method_train_config(train, "medusa")
 
 
@@ -101,9 +101,87 @@ def test_config_checks_k_against_the_dflash_block():
     assert cfglib.speculative_tokens(cfg, "eagle3") == [3, 5]
     bench = cfglib.result_config(cfg, "bench", method="dflash")["bench"]
     assert bench["num_speculative_tokens"] == [3]
-    with pytest.raises(cfglib.ConfigError, match="no list for method 'dflash'"):
+    with pytest.raises(cfglib.ConfigError, match="no list for 'dflash'"):
         with_ks({"eagle3": [3]})
     with_ks([7], block_size="auto")  # auto is 8 on the CPU: k = 7 fits
+
+
+# ---- variants: one method at other settings, on the same data ----------------------------------
+
+B8 = {"dflash_b8": {"method": "dflash", "dflash": {"block_size": 8}, "lr": 0.002}}
+
+
+def with_variants(variants: dict, names: list[str], **bench) -> dict:
+    return cfglib.validate(
+        {
+            "train": {
+                "methods": names,
+                "dflash": {"block_size": 16},
+                "variants": variants,
+            },
+            "bench": bench,
+        }
+    )
+
+
+def test_a_variant_trains_its_method_with_its_own_keys_over_the_shared_ones():
+    cfg = with_variants(B8, ["eagle3", "dflash", "dflash_b8"])
+    train = cfg["train"]
+    dflash = methods.method_train_config(train, "dflash")
+    b8 = methods.method_train_config(train, "dflash_b8")
+    assert methods.method_of(train, "dflash_b8") == "dflash" == b8["method"]
+    assert (b8["block_size"], b8["lr"]) == (8, 0.002) and dflash["block_size"] == 16
+    assert {k: v for k, v in b8.items() if k not in ("block_size", "lr")} == {
+        k: v for k, v in dflash.items() if k not in ("block_size", "lr")
+    }
+    # the method's own params do not see its variants (adding one re-runs nothing else)
+    alone = with_variants({}, ["eagle3", "dflash"])
+    for rule, kw in (
+        ("train", {"method": "dflash"}),
+        ("extract", {}),
+        ("bench", {"method": "dflash"}),
+    ):
+        assert cfglib.result_config(cfg, rule, **kw) == cfglib.result_config(alone, rule, **kw)
+    # the trainer fields are the method's: a DFlash model at the variant's block size
+    args = args_of(job_cfg(train, "dflash_b8"))
+    assert (args["speculator_type"], args["block_size"]) == ("dflash", 8)
+    assert methods.max_speculative_tokens("dflash_b8", train) == 7
+    assert cfglib.drafter_names(cfg)[0] == "dflash_b8"  # before its method's prefix "dflash"
+
+
+@pytest.mark.parametrize(
+    "variants, names, bench, message",
+    [
+        ({}, ["eagle3", "dflash_x"], {}, "'dflash_x' is neither a method"),
+        (
+            {"b": {"method": "dflash", "dflash": {"block_sise": 8}}},
+            ["b"],
+            {},
+            "`train.variants.b.dflash.block_sise`: unknown key "
+            r"\(did you mean `train.variants.b.dflash.block_size`\?\)",
+        ),
+        ({"b": {"method": "dflash", "epochs": 0}}, ["b"], {}, "`train.variants.b.epochs`"),
+        ({"b": {"dflash": {}}}, ["b"], {}, "`train.variants.b`: 'method' is required"),
+        ({"eagle3": {"method": "dflash"}}, ["eagle3"], {}, "a variant needs a name of its own"),
+        ({"b": {"method": "eagle3", "methods": ["x"]}}, ["b"], {}, "cannot set train.methods"),
+        (
+            {"b": {"method": "dflash", "dflash": {"block_size": 4}}},
+            ["eagle3", "b"],
+            {"num_speculative_tokens": [7]},
+            r"b drafts at most block_size - 1 = 3 tokens, got k = \[7\] "
+            r"\(raise train.variants.b.dflash.block_size",
+        ),
+        (
+            {},
+            ["eagle3"],
+            {"num_speculative_tokens": {"eagle3": [3], "eagl3": [2]}},
+            "`bench.num_speculative_tokens.eagl3`: no drafter of that name",
+        ),
+    ],
+)
+def test_variant_config_problems_are_named(variants, names, bench, message):
+    with pytest.raises(cfglib.ConfigError, match=message):
+        with_variants(variants, names, **bench)
 
 
 def test_extraction_captures_the_union_of_the_methods_layers():

@@ -655,46 +655,71 @@ def test_adding_a_method_adds_its_jobs_only(done_copy):
     assert job_names(jobs) == ["bench[method=dflash]", "report", "train[method=dflash]"]
 
 
+def test_adding_a_variant_adds_its_jobs_only(done_copy):
+    """A variant of a method (given on the command line: its numbers arrive as strings) trains
+    and benchmarks on the same data, beside the method it varies."""
+    variant = "variants: {eagle3_ttt2: {method: eagle3, ttt_steps: 2}}"
+    jobs = plan("--config", f"train={{methods: [eagle3, eagle3_ttt2], {variant}}}", repo=done_copy)
+    assert job_names(jobs) == [
+        "bench[method=eagle3_ttt2]",
+        "report",
+        "train[method=eagle3_ttt2]",
+    ]
+
+
+# EAGLE-3, DFlash and a DFlash variant at another block size, from one dataset
+METHODS_AND_VARIANT = {
+    "train": {
+        "methods": ["eagle3", "dflash", "dflash_b4"],
+        "variants": {"dflash_b4": {"method": "dflash", "dflash": {"block_size": 4}}},
+    }
+}
+
+
 @pytest.fixture(scope="module")
 def both_methods_done(tmp_path_factory):
-    """A finished (--touch) run of the default config with train.methods [eagle3, dflash]."""
+    """A finished (--touch) run of the default config with EAGLE-3, DFlash and a DFlash
+    variant (METHODS_AND_VARIANT)."""
     import yaml
 
     work = tmp_path_factory.mktemp("methods")
     both = work / "both.yaml"
-    both.write_text(yaml.safe_dump({"train": {"methods": ["eagle3", "dflash"]}}))
+    both.write_text(yaml.safe_dump(METHODS_AND_VARIANT))
     mark_done(REPO, "--configfile", DEFAULT_CONFIG, str(both), workdir=work)
     return work, both
 
 
 DFLASH = ["bench[method=dflash]", "train[method=dflash]"]
+B4 = ["bench[method=dflash_b4]", "train[method=dflash_b4]"]
 EAGLE3 = ["bench[method=eagle3]", "train[method=eagle3]"]
+BENCHES = ["bench[method=dflash]", "bench[method=dflash_b4]", "bench[method=eagle3]"]
 
 
 @pytest.mark.parametrize(
     "change, expected",
     [
-        # a DFlash key re-runs DFlash's training and bench only; prepare, vocab, extract stay
-        ({"train": {"dflash": {"block_size": 4}}}, [*DFLASH, "report"]),
-        ({"train": {"dflash": {"epochs": 9}}}, [*DFLASH, "report"]),
+        # a DFlash key re-runs DFlash's training and bench only; prepare, vocab, extract stay;
+        # the variant keeps its own block size
+        ({"train": {"dflash": {"block_size": 6}}}, [*DFLASH, "report"]),
+        # a DFlash key the variant does not set: the variant too
+        ({"train": {"dflash": {"epochs": 9}}}, [*DFLASH, *B4, "report"]),
+        # the variant's own key: the variant only
+        ({"train": {"variants": {"dflash_b4": {"dflash": {"max_anchors": 16}}}}}, [*B4, "report"]),
         # an EAGLE-3 key, EAGLE-3's only
         ({"train": {"ttt_steps": 2}}, [*EAGLE3, "report"]),
-        # a shared key: both
-        ({"train": {"lr": 0.002}}, [*DFLASH, *EAGLE3, "report"]),
-        # one method's k: its bench only; the baseline is shared
+        # a shared key: every drafter
+        ({"train": {"lr": 0.002}}, [*DFLASH, *B4, *EAGLE3, "report"]),
+        # one drafter's k: its bench only; the baseline is shared
         (
-            {"bench": {"num_speculative_tokens": {"eagle3": [3], "dflash": [5]}}},
+            {"bench": {"num_speculative_tokens": {"eagle3": [3], "dflash": [5], "dflash_b4": [3]}}},
             ["bench[method=dflash]", "report"],
         ),
-        # what the baseline measures: the baseline and every method's bench
-        (
-            {"bench": {"max_tokens": 64}},
-            ["bench[method=dflash]", "bench[method=eagle3]", "bench_baseline", "report"],
-        ),
+        # what the baseline measures: the baseline and every drafter's bench
+        ({"bench": {"max_tokens": 64}}, [*BENCHES, "bench_baseline", "report"]),
         # DFlash on layers of its own: extraction captures them too, and everything after it
         (
             {"train": {"dflash": {"layer_ids": [1, 15]}}},
-            ["extract[part=0]", "extract_gather", *DFLASH, *EAGLE3, "report"],
+            ["extract[part=0]", "extract_gather", *DFLASH, *B4, *EAGLE3, "report"],
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""Rule `bench`: one method's drafter under vLLM speculative decoding, next to the shared
+"""Rule `bench`: one drafter under vLLM speculative decoding, next to the shared
 baseline (logic: eagle3_pipeline.bench)."""
 
 from eagle3_pipeline import bench
@@ -19,6 +19,7 @@ run_job(
         vllm_cfg=job_section(snakemake.config, p.config, "vllm"),
         cache_dir=p.cache_dir,
         log_path=log,
+        name=snakemake.wildcards.method,
     ),
     gpus_needed=stage_gpus(snakemake.config, "bench"),
 )

@@ -476,10 +476,12 @@ def run(
     vllm_cfg: dict,
     cache_dir,
     log_path=None,
+    name: str | None = None,
 ) -> dict:
-    """Rule ``bench`` (one job per method): measure (or take from ``cache_dir``) the drafter on
-    every prompt set, one server per k, put each run next to the shared baseline's, judge,
-    write the metrics. The method and its limits come from the drafter's config."""
+    """Rule ``bench`` (one job per drafter): measure (or take from ``cache_dir``) the drafter
+    on every prompt set, one server per k, put each run next to the shared baseline's, judge,
+    write the metrics. The method and its limits come from the drafter's config; ``name`` (its
+    name in train.methods, a method or a variant; default: the method) labels its rows."""
     target = load_info(target_json)
     manifest = read_json(manifest_path)
     drafter_dir = str(Path(drafter_dir).resolve())
@@ -499,6 +501,7 @@ def run(
         )
     prediction = read_json(train_metrics).get("prediction") or {}
     baseline = read_json(baseline_json)
+    name = name or method
     t0 = time.monotonic()
 
     def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
@@ -525,14 +528,15 @@ def run(
                 **row,
                 "predicted_acceptance_length": predicted_acceptance_length(prediction, row["k"]),
             }
-            for name, drafted in by_set.items()
-            for row in drafter_rows(name, drafted, baseline, prompt_files[name], method)
+            for set_name, drafted in by_set.items()
+            for row in drafter_rows(set_name, drafted, baseline, prompt_files[set_name], name)
         ),
         key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
     )
     verdict = judge(runs, cfg)
     metrics = {
-        "method": method,
+        "method": name,
+        "speculators_method": method,
         "runs": runs,
         "summary": summarize(runs),
         "verdict": verdict,
@@ -545,7 +549,7 @@ def run(
         ),
     }
     write_json(metrics_out, metrics)
-    (log.error if not verdict["ok"] else log.info)("%s verdict: %s", method, verdict["message"])
+    (log.error if not verdict["ok"] else log.info)("%s verdict: %s", name, verdict["message"])
     return metrics
 
 

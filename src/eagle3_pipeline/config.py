@@ -97,6 +97,10 @@ def validate(config: dict) -> dict:
 
     schema = load_schema()
     coerce_cli_strings(config, schema)
+    for variant in ((config.get("train") or {}).get("variants") or {}).values():
+        if isinstance(variant, dict):  # typed by the train section it is laid over
+            own = {"train": {k: v for k, v in variant.items() if k != "method"}}
+            variant.update(coerce_cli_strings(own, schema)["train"])
     errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
     problems = [
         p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in _problems(e)
@@ -286,30 +290,76 @@ def check_semantics(cfg: dict) -> list[str]:
 
 
 def method_problems(cfg: dict) -> list[str]:
-    """What the configured drafter methods cannot do with the rest of the config."""
+    """What the configured drafters (methods and variants) cannot do with the rest of the
+    config."""
+    train = cfg["train"]
+    variants = train["variants"]
     problems = []
+    for name, variant in variants.items():
+        problems += variant_problems(name, variant, train)
+    unknown = [n for n in train["methods"] if n not in methods.METHODS and n not in variants]
+    if unknown:
+        problems.append(
+            f"config key `train.methods`: {', '.join(map(repr, unknown))} is neither a method "
+            f"({', '.join(methods.METHODS)}) nor a variant of train.variants "
+            f"({', '.join(variants) or 'none defined'})"
+        )
+    if problems:
+        return problems  # the checks below read every drafter's settings
     ks = cfg["bench"]["num_speculative_tokens"]
-    for method in cfg["train"]["methods"]:
-        if isinstance(ks, dict) and method not in ks:
+    if isinstance(ks, dict):
+        known = set(methods.METHODS) | set(variants)
+        for name in sorted(set(ks) - known):
             problems.append(
-                f"config key `bench.num_speculative_tokens`: no list for method {method!r} "
+                f"config key `bench.num_speculative_tokens.{name}`: no drafter of that name "
+                f"(methods: {', '.join(methods.METHODS)}; variants: {', '.join(variants) or '-'})"
+            )
+    for name in train["methods"]:
+        where = "train" if name in methods.METHODS else f"train.variants.{name}"
+        if isinstance(ks, dict) and name not in ks:
+            problems.append(
+                f"config key `bench.num_speculative_tokens`: no list for {name!r} "
                 f"(train.methods lists it; given for {sorted(ks)})"
             )
             continue
-        limit = methods.max_speculative_tokens(method, cfg["train"])
-        too_many = [k for k in speculative_tokens(cfg, method) if limit is not None and k > limit]
+        limit = methods.max_speculative_tokens(name, train)
+        too_many = [k for k in speculative_tokens(cfg, name) if limit is not None and k > limit]
         if too_many:
             problems.append(
-                f"config key `bench.num_speculative_tokens`: {method} drafts at most "
+                f"config key `bench.num_speculative_tokens`: {name} drafts at most "
                 f"block_size - 1 = {limit} tokens, got k = {too_many} (raise "
-                f"train.{method}.block_size or give {method} its own list)"
+                f"{where}.dflash.block_size or give {name} its own list)"
             )
-    layer_ids = cfg["train"]["dflash"]["layer_ids"]
-    if layer_ids is not None and layer_ids != sorted(layer_ids):
-        problems.append(
-            f"config key `train.dflash.layer_ids`: must be in increasing order, got {layer_ids}"
-        )
+        layer_ids = methods.method_train_config(train, name).get("layer_ids")
+        if layer_ids is not None and layer_ids != sorted(layer_ids):
+            problems.append(
+                f"config key `{where}.dflash.layer_ids`: must be in increasing order, "
+                f"got {layer_ids}"
+            )
     return problems
+
+
+# keys a variant may not set: which drafters exist is the run's choice, not a drafter's
+NOT_PER_VARIANT = ("methods", "variants")
+
+
+def variant_problems(name: str, variant: dict, train: dict) -> list[str]:
+    """What is wrong with variant ``name`` of train.variants: its keys must be train keys, of
+    the types and ranges the schema gives them (checked on the section it trains with)."""
+    where = f"train.variants.{name}"
+    if name in methods.METHODS:
+        return [f"config key `{where}`: a variant needs a name of its own ({name} is a method)"]
+    fixed = [k for k in NOT_PER_VARIANT if k in variant]
+    if fixed:
+        return [f"config key `{where}.{k}`: a variant cannot set train.{k}" for k in fixed]
+    own = {k: v for k, v in variant.items() if k != "method"}
+    section = methods.merged({k: v for k, v in train.items() if k != "variants"}, own)
+    errors = jsonschema.Draft202012Validator(load_schema()).iter_errors({"train": section})
+    return [
+        p.replace("`train.", f"`{where}.")
+        for e in sorted(errors, key=lambda e: list(e.absolute_path))
+        for p in _problems(e)
+    ]
 
 
 def load(path: str | Path, overrides: dict | None = None) -> dict:
@@ -334,11 +384,8 @@ def load_files(paths: list[str | Path]) -> dict:
 
 
 def deep_update(base: dict, other: dict) -> dict:
-    for k, v in other.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            deep_update(base[k], v)
-        else:
-            base[k] = v
+    """``other`` laid over ``base`` in place (mappings merged key by key); returns ``base``."""
+    base.update(methods.merged(base, other))
     return base
 
 
@@ -452,6 +499,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     "train": (
         *(f"train.{k}" for k in (*methods.COMMON_TRAIN_KEYS, *methods.EAGLE3_TRAIN_KEYS)),
         "train.dflash",
+        "train.variants",
     ),
     # The baseline (no drafter), measured once for every method.
     "bench_baseline": (
@@ -554,6 +602,12 @@ def result_config(
         # the default config's extraction params are what they were)
         out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
     return out
+
+
+def drafter_names(cfg: dict) -> list[str]:
+    """Every name a drafter may have in this config: the methods and the variants (longest
+    first, so that a pattern made of them matches a variant before its method's prefix)."""
+    return sorted({*methods.METHODS, *cfg["train"]["variants"]}, key=lambda n: (-len(n), n))
 
 
 def speculative_tokens(cfg: dict, method: str) -> list[int]:

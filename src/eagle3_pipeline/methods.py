@@ -22,6 +22,12 @@ docs/methods.md):
   true. Validation reports per-position accuracies and ``eal`` (expected accepted length over
   the block); the best checkpoint is the one with the highest ``eal`` (lowest validation loss
   and acceptance do not move together under CE + D-PACE).
+
+A run may also train **variants** of a method on the same data (``train.variants``: a name, its
+method and the ``train`` keys it sets differently, e.g. DFlash at another block size). A
+variant is listed in ``train.methods`` by its name and is, everywhere after config validation,
+a drafter like the others: its own train and bench jobs, paths and report column, its own
+settings (:func:`resolve`).
 """
 
 from __future__ import annotations
@@ -61,12 +67,44 @@ DFLASH_AUTO = {"block_size": (8, 16), "max_anchors": (128, 512)}
 DFLASH_LOSS = {"loss_fn": "ce", "per_position_loss_weight": "dpace"}
 
 
-def method_train_config(train: dict[str, Any], method: str) -> dict[str, Any]:
-    """The result-determining ``train`` settings of one method, flat (what its train job's
-    params carry): the shared keys, then the method's own. A key only another method reads is
-    left out, so changing it does not re-run this method's training."""
-    if method not in METHODS:
-        raise ValueError(f"unknown drafter method {method!r} (known: {', '.join(METHODS)})")
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` laid over it, mappings merged key by key (neither is
+    changed)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve(train: dict[str, Any], name: str) -> tuple[str, dict[str, Any]]:
+    """The method of drafter ``name`` (a method, or a variant of ``train.variants``) and the
+    ``train`` section it trains with: for a variant, its keys laid over the shared ones."""
+    if name in METHODS:
+        return name, train
+    variants = train.get("variants") or {}
+    if name not in variants:
+        raise ValueError(
+            f"unknown drafter {name!r}: neither a method ({', '.join(METHODS)}) nor a "
+            f"variant of train.variants ({', '.join(variants) or 'none defined'})"
+        )
+    own = {k: v for k, v in variants[name].items() if k != "method"}
+    return variants[name]["method"], merged(train, own)
+
+
+def method_of(train: dict[str, Any], name: str) -> str:
+    """The method (eagle3, dflash) of drafter ``name``."""
+    return resolve(train, name)[0]
+
+
+def method_train_config(train: dict[str, Any], name: str) -> dict[str, Any]:
+    """The result-determining ``train`` settings of one drafter (a method or a variant), flat
+    (what its train job's params carry): the shared keys, then the method's own. A key only
+    another method reads is left out, so changing it does not re-run this drafter's
+    training."""
+    method, train = resolve(train, name)
     out: dict[str, Any] = {k: train[k] for k in COMMON_TRAIN_KEYS}
     out["method"] = method
     if method == "eagle3":
@@ -95,13 +133,14 @@ def resolve_dflash_auto(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def max_speculative_tokens(method: str, train_cfg: dict[str, Any]) -> int | None:
-    """The largest k vLLM may be asked to draft with this method's drafter (None: no limit).
-    A DFlash drafter drafts at most block_size - 1 tokens (the anchor slot is the bonus
-    token); vLLM does not check it."""
-    if method != "dflash":
+def max_speculative_tokens(name: str, train_cfg: dict[str, Any]) -> int | None:
+    """The largest k vLLM may be asked to draft with drafter ``name`` (None: no limit). A
+    DFlash drafter drafts at most block_size - 1 tokens (the anchor slot is the bonus token);
+    vLLM does not check it."""
+    cfg = method_train_config(train_cfg, name)
+    if cfg["method"] != "dflash":
         return None
-    return int(resolve_dflash_auto(method_train_config(train_cfg, method))["block_size"]) - 1
+    return int(resolve_dflash_auto(cfg)["block_size"]) - 1
 
 
 def layer_ids_of(method_cfg: dict[str, Any]) -> list[int] | None:
@@ -110,11 +149,11 @@ def layer_ids_of(method_cfg: dict[str, Any]) -> list[int] | None:
 
 
 def extra_layer_ids(train: dict[str, Any]) -> list[int]:
-    """Layers some configured method asks for beyond ``extract.layer_ids``: extraction
+    """Layers some configured drafter asks for beyond ``extract.layer_ids``: extraction
     captures their union once (none for the default config, whose extraction is unchanged)."""
     ids: set[int] = set()
-    for method in train["methods"]:
-        ids |= set(layer_ids_of(method_train_config(train, method)) or [])
+    for name in train["methods"]:
+        ids |= set(layer_ids_of(method_train_config(train, name)) or [])
     return sorted(ids)
 
 

@@ -275,10 +275,12 @@ def _consistency(methods: dict[str, dict]) -> list:
     return [*blocks, ("table", ["field", *methods], rows)]
 
 
-def _training(method: str, train: dict) -> list:
+def _training(name: str, train: dict) -> list:
+    """Drafter ``name``'s training (a method's or a variant's: its metrics say which method)."""
     from .bench import best_val
     from .method_results import ACCURACY_SERIES
 
+    method = train.get("method", "eagle3")
     val = best_val(train)
     tp = train.get("throughput") or {}
     epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
@@ -318,7 +320,7 @@ def _training(method: str, train: dict) -> list:
                 for e in train.get("epochs", [])
             ],
         ),
-        ("img", f"train_{method}"),
+        ("img", f"train_{name}"),
     ]
 
 
