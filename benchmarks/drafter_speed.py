@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import bench, consistency
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file
+from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json
 from eagle3_pipeline.method_results import predicted_acceptance_length
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import setup_logging
@@ -285,6 +285,8 @@ def main() -> None:
 
     t0 = time.monotonic()
     measured: dict[str, dict] = {}
+    out = Path(args.out) if args.out else None
+    all_up_s = None
     with Starter(servers, cfg, target, manifest, run, t0 + args.wait, args.stagger) as starter:
         starter.wait_all()
         all_up_s = round(time.monotonic() - t0, 1)
@@ -301,15 +303,51 @@ def main() -> None:
                 s.server.stop()
                 s.server = None
             s.timings["measure_s"] = round(time.monotonic() - t1, 1)
+            log.info("%s: measured in %.0f s", s.name, s.timings["measure_s"])
+            if out and servers[0].name in measured:
+                # what is measured so far, marked incomplete: a host that goes away during the
+                # next measurement leaves these behind
+                write_json(out, result(args, run, cfg, servers, prompt_files, measured, all_up_s))
 
     if servers[0].name not in measured:
         sys.exit(f"the baseline was not measured: {servers[0].error}")
-    rows = compare(servers, prompt_files, measured)
     stored = (
         store_cache(servers, cfg, target, prompt_files, measured, run / "bench" / ".cache")
         if args.store_cache
         else []
     )
+    final = result(args, run, cfg, servers, prompt_files, measured, all_up_s, stored)
+    print_table(final["rows"])
+    for s in servers:
+        print(f"{s.name}: {s.timings}" + (f"  ERROR {s.error}" if s.error else ""))
+    if out:
+        write_json(out, final)
+    if any(s.error for s in servers):
+        sys.exit(1)
+
+
+def result(args, run, cfg, servers, prompt_files, measured, all_up_s, stored=None) -> dict:
+    """The comparison as written to ``--out``: complete once every server was measured and
+    the cache written (``stored`` given)."""
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "complete": stored is not None,
+        "run": str(run),
+        "all_servers_up_s": all_up_s,
+        "servers": [
+            {"name": s.name, "method": s.method, "k": s.k, "error": s.error, **s.timings}
+            for s in servers
+        ],
+        "rows": compare(servers, prompt_files, measured),
+        "baseline": {n: without_outputs(r) for n, r in measured[servers[0].name].items()},
+        "stored_in_bench_cache": stored or [],
+        "bench": servers[0].bench_cfg,
+        "vllm": cfg["vllm"],
+        "versions": package_versions(),
+    }
+
+
+def print_table(rows: list[dict]) -> None:
     print(
         "\n| method | k | prompt set | c | τ | predicted | acceptance per position | tok/s "
         "| baseline tok/s | speedup | outputs ≠ baseline (T=0) |"
@@ -325,42 +363,6 @@ def main() -> None:
             f"| {r['baseline_tokens_per_s']:.0f} | {r['speedup']:.2f} "
             f"| {diff.get('differing', '-')} of {diff.get('compared', '-')} |"
         )
-    for s in servers:
-        print(f"{s.name}: {s.timings}" + (f"  ERROR {s.error}" if s.error else ""))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "command": " ".join(["python", *sys.argv]),
-                    "run": str(run),
-                    "all_servers_up_s": all_up_s,
-                    "servers": [
-                        {
-                            "name": s.name,
-                            "method": s.method,
-                            "k": s.k,
-                            "error": s.error,
-                            **s.timings,
-                        }
-                        for s in servers
-                    ],
-                    "rows": rows,
-                    "baseline": {
-                        n: without_outputs(r) for n, r in measured[servers[0].name].items()
-                    },
-                    "stored_in_bench_cache": stored,
-                    "bench": servers[0].bench_cfg,
-                    "vllm": cfg["vllm"],
-                    "versions": package_versions(),
-                },
-                indent=2,
-                default=str,
-            )
-            + "\n"
-        )
-    if any(s.error for s in servers):
-        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,40 @@ def test_the_speed_step_plans_every_server_of_the_run(host_copy, tmp_path):
     assert " ".join(servers["vllm"]) == '["--gpu-memory-utilization", "0.12"]'
 
 
+BLOCKS = {
+    "METHODS_EXTRA": "benchmarks/configs/gpu_methods_blocks.yaml",
+    "METHODS_RUN": "gpu-methods-blocks",
+}
+B8 = {"train[method=dflash_b8]", "bench[method=dflash_b8]"}
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        ("m_train_eagle3", {"train[method=eagle3]"}, DFLASH | B8),
+        ("m_train_dflash", {"train[method=dflash]"}, EAGLE3 | B8),  # (under nice)
+        ("m_train_dflash_b8", {"train[method=dflash_b8]"}, EAGLE3 | DFLASH),
+        ("m_report", {"report"} | EAGLE3 | DFLASH | B8, set()),
+    ],
+)
+def test_the_block_size_run_trains_the_variant_in_a_lane_of_its_own(
+    host_copy, tmp_path, step, planned, not_planned
+):
+    """The fifth session's run: DFlash at block 16 and its block-8 variant beside EAGLE-3."""
+    out = call_step(host_copy, tmp_path, step, BLOCKS)
+    jobs = set(job_names(parse_jobs(out)))
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+    assert "results/gpu-methods-blocks/" in out
+
+
+def test_the_speed_step_of_the_block_size_run_serves_each_drafter_at_its_k(host_copy, tmp_path):
+    out = call_step(host_copy, tmp_path, "m_speed", {**BLOCKS, "SPEED_FLAGS": "--plan"})
+    servers = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert servers[:4] == ["baseline", "eagle3-k3", "dflash-k15", "dflash_b8-k7"]
+    assert "results/gpu-methods-blocks/drafter/dflash_b8" in out
+
+
 def test_a_server_whose_start_raises_is_reported_failed(tmp_path, monkeypatch):
     """A starting thread's exception would vanish with the thread (on the H200 a lazy-import
     race in transformers lost a server so, and the run still said ok): it is the server's error."""
@@ -135,3 +169,59 @@ def test_a_server_whose_start_raises_is_reported_failed(tmp_path, monkeypatch):
         starter.wait_all()
     assert all(s.server is None and s.error for s in servers), [s.error for s in servers]
     assert all("config.json" in s.error for s in servers), [s.error for s in servers]
+
+
+def load_script(name: str, path: Path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_slim_drafter_comes_home_in_parts_and_gets_its_embeddings_back(tmp_path, monkeypatch):
+    """A drafter packed without its frozen embeddings (pack_results --slim) is put back
+    byte for byte from the target; a target whose embeddings differ is refused."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gpu = REPO / "benchmarks" / "gpu"
+    pack = load_script("pack_results", gpu / "pack_results.py", monkeypatch)
+    host = tmp_path / "host"
+    drafter = host / "repo" / "results" / "r" / "drafter" / "eagle3"
+    drafter.mkdir(parents=True)
+    embed = torch.randn(4096, 64).to(torch.bfloat16)  # 512 KiB
+    weights = {"embed_tokens.weight": embed, "fc.weight": torch.randn(64, 192)}  # 48 KiB
+    save_file(weights, drafter / "model.safetensors")
+    (drafter / "config.json").write_text('{"embed_requires_grad": false}')
+    (host / "repo" / "results" / "r" / "drafter" / "dflash").mkdir()
+    monkeypatch.setattr(pack, "LIMIT", 16 << 10)  # parts of 16 KiB: several
+    (tmp_path / "out").mkdir()
+    pack.main(str(host), str(tmp_path / "out" / "results.tar.xz"), [], ["r:eagle3"], slim=True)
+    parts = sorted((tmp_path / "out").glob("r-drafters-eagle3.tar.part*"))
+    assert len(parts) > 1
+    assert sum(p.stat().st_size for p in parts) < embed.numel() * 2  # the embeddings stayed
+
+    model = tmp_path / "target"
+    model.mkdir()
+    save_file({"model.embed_tokens.weight": embed.float()}, model / "model.safetensors")
+    unpack = [sys.executable, str(gpu / "unpack_drafters.py"), *map(str, parts)]
+    home = tmp_path / "home"
+    subprocess.run([*unpack, "--into", str(home), "--target-model", str(model)], check=True)
+    back = load_file(home / "results" / "r" / "drafter" / "eagle3" / "model.safetensors")
+    assert torch.equal(back["embed_tokens.weight"], embed)
+    assert torch.equal(back["fc.weight"], weights["fc.weight"])
+    assert not list(home.rglob("*.embed.json"))
+
+    save_file({"model.embed_tokens.weight": embed.float() + 1}, model / "model.safetensors")
+    other = subprocess.run(
+        [*unpack, "--into", str(tmp_path / "h2"), "--target-model", str(model)],
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode != 0 and "is not the one this drafter was trained with" in other.stderr

@@ -15,7 +15,8 @@ SMK=(python3 -m snakemake ${SMK_FLAGS:-} --resources gpus=1 --cores all)  # SMK_
 # share the one GPU on purpose (a 135M model needs a sliver of it; vllm.extra_args caps each
 # server's memory), and their own vLLM compile cache (two servers compiling the same graphs
 # into one cache at once could trip over each other).
-smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 VLLM_CACHE_ROOT=$W/vllm-cache-$1 "${SMK[@]}" "${@:2}"; }
+# NICE: a prefix for the Snakemake command (e.g. NICE="nice -n 5": its jobs yield the CPUs)
+smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 VLLM_CACHE_ROOT=$W/vllm-cache-$1 ${NICE:-} "${SMK[@]}" "${@:2}"; }
 
 smoke() { smk smoke --configfile config/gpu.yaml; }
 quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth; }
@@ -54,13 +55,18 @@ m_bench_eagle3() { wait_step m_baseline && smk m1 $R/bench/eagle3/metrics.json "
 m_baseline() { wait_step m_data && smk m2 $R/bench/baseline.json "${M[@]}"; }
 m_dflash() { smk m2 $R/bench/dflash/metrics.json "${M[@]}"; }
 m_report() { smk m1 "${METHODS_CFG[@]}" -k; }
-m_train_dflash() { smk m2 $R/drafter/dflash/metrics.json "${M[@]}"; }
+# Trainings side by side: the one whose drafter is served last (EAGLE-3, the longest) keeps
+# the CPUs' first claim, the others yield (nice): a training's first step is spent compiling
+# (torch.compile, Triton autotuning) on the CPUs the vLLM servers compile on too (fourth
+# session: EAGLE-3's first epoch took 5.5 minutes of compiling beside them, its later ones 6 s).
+m_train_dflash() { NICE="nice -n 5" smk m2 $R/drafter/dflash/metrics.json "${M[@]}"; }
+m_train_dflash_b8() { NICE="nice -n 5" smk m3 $R/drafter/dflash_b8/metrics.json "${M[@]}"; }
 m_bench_dflash() { wait_step m_baseline && smk m1 $R/bench/dflash/metrics.json "${M[@]}"; }
 # Every bench server of the run at once (benchmarks/drafter_speed.py), beside the trainings:
 # the baseline starts at once, each drafter's servers when its training ends; measured in
 # turn, stored in the bench cache so that m_report starts no server.
-m_speed() {
-  python3 benchmarks/drafter_speed.py --configfile "${METHODS_CFG[@]:1}" --wait 1500 \
+m_speed() {  # its server starts yield the CPUs to the trainings (nice); measured alone
+  nice -n 10 python3 benchmarks/drafter_speed.py --configfile "${METHODS_CFG[@]:1}" --wait 1500 \
     --store-cache --out "$W/bench/h200_drafter_speed.json" ${SPEED_FLAGS:-}  # SPEED_FLAGS=--plan
 }
 eff_synth() {
