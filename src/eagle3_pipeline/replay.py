@@ -257,7 +257,6 @@ def load_drafter(drafter_dir: str | Path, verifier_path: str | Path | None = Non
     fails on the CPU). Weights come from ``model.safetensors``; what checkpoints leave out
     (embed_tokens, the verifier's lm_head and norm) from the verifier, ``verifier_path``
     (default: the one in config.json). Any other missing or unexpected weight is an error."""
-    import torch
     from safetensors.torch import load_file
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -294,8 +293,7 @@ def load_drafter(drafter_dir: str | Path, verifier_path: str | Path | None = Non
             f"{drafter_dir}: weights missing {sorted(set(missing) - allowed)}, unexpected "
             f"{sorted(unexpected)}"
         )
-    model = model.float().eval()
-    torch.set_grad_enabled(False)
+    model = model.float().eval().requires_grad_(False)  # no autograd graph, no global switch
     return model, method
 
 
@@ -518,6 +516,41 @@ def baseline_sequences(
     return out
 
 
+DATASET_SPLITS = ("validation", "training")
+
+
+def dataset_sequences(
+    trainer: dict[str, Any], split: str, limit: int | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """Rows of the prepared data set a drafter trained on, as replay sequences: ``validation``
+    (the rows its validation measured: speculators splits at ``int(rows * train_data_ratio)``)
+    or ``training``. A row's prompt is everything before its loss mask, its output the masked
+    tokens (the target's greedy answer); rows whose mask is not one span to the end (several
+    assistant turns) are skipped. Returns the sequences and how many rows were skipped."""
+    from datasets import load_from_disk
+
+    if split not in DATASET_SPLITS:
+        raise ReplayError(f"split must be one of {DATASET_SPLITS}, got {split!r}")
+    data = load_from_disk(str(trainer["data_path"])).with_format(None)
+    cut = int(len(data) * float(trainer["train_data_ratio"]))
+    indices = range(cut, len(data)) if split == "validation" else range(cut)
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    for i in indices:
+        row = data[i]
+        ids, mask = list(row["input_ids"]), list(row["loss_mask"])
+        first = next((j for j, m in enumerate(mask) if m), None)
+        if first is None or not all(mask[first:]) or first == 0:
+            skipped += 1
+            continue
+        out.append(
+            {"id": row.get("sample_id", i), "prompt_ids": ids[:first], "outputs": ids[first:]}
+        )
+        if limit and len(out) >= limit:
+            break
+    return out, skipped
+
+
 def served_rows(run: Path, method: str) -> list[dict[str, Any]]:
     """The bench stage's T=0, concurrency-1 runs of a method (``bench/<method>/metrics.json``)."""
     from .fileio import read_json
@@ -553,6 +586,7 @@ def replay_run(
     sets: Sequence[str] | None = None,
     limit: int | None = None,
     target_path: str | Path | None = None,
+    rows: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Replay the baseline's greedy outputs of a finished run through its drafters.
 
@@ -563,6 +597,9 @@ def replay_run(
     replayed twice: with the k + 1 queries vLLM builds (``as_served``) and with the block it was
     trained on. ``ks``: per method (default: the k's its bench measured, else its trained draft
     length). ``target_path``: the target model directory (default: ``target/target.json``'s).
+    ``rows``: also replay the prepared data set's ``validation`` and/or ``training`` rows (as
+    sets ``<split>_rows``, nothing served there): on the validation rows the uniform figure is
+    what validation measured, so prediction, uniform and walk can be compared on one text.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -594,6 +631,10 @@ def replay_run(
             trained = configs[m]["speculators_config"]["proposal_methods"][0]
             ks[m] = measured or [int(trained["speculative_tokens"])]
     seqs = baseline_sequences(run, sets, limit)
+    skipped: dict[str, int] = {}
+    trainer = read_json(drafters[next(iter(drafters))] / "metrics.json")["config"]["trainer"]
+    for split in rows:
+        seqs[f"{split}_rows"], skipped[f"{split}_rows"] = dataset_sequences(trainer, split, limit)
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
@@ -605,7 +646,7 @@ def replay_run(
     agreement = {name: [0, 0] for name in seqs}
     for name, rows in seqs.items():
         for row in rows:
-            p_ids = prompt_ids(tokenizer, row["messages"])
+            p_ids = row.get("prompt_ids") or prompt_ids(tokenizer, row["messages"])
             outputs = row["outputs"]
             if not outputs:
                 continue
@@ -666,6 +707,7 @@ def replay_run(
         "run": str(run),
         "target": str(target_dir),
         "methods": {m: {"ks": ks[m], "drafter": str(d)} for m, d in drafters.items()},
+        "skipped_rows": skipped,
         "target_agreement": {
             name: {"hits": h, "checked": c, "rate": h / c if c else None}
             for name, (h, c) in agreement.items()
