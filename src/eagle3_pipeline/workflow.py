@@ -41,6 +41,7 @@ MODULE_ROLES = {
     "prepare": LOGIC,
     "prompts": LOGIC,
     "provenance": INFRASTRUCTURE,
+    "replay": LOGIC,
     "report": LOGIC,
     "runtime": INFRASTRUCTURE,
     "server": INFRASTRUCTURE,
