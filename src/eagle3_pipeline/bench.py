@@ -28,7 +28,7 @@ from . import client as client_lib
 from . import consistency
 from .config import HELDOUT_SET, RESULT_KEYS
 from .fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
-from .method_results import predicted_acceptance_length
+from .method_results import predicted_acceptance_length, shorter_block_notes
 from .provenance import provenance
 from .runtime import for_each
 from .server import ServerError, VllmServer, spec_for_target
@@ -534,6 +534,9 @@ def run(
         key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
     )
     verdict = judge(runs, cfg)
+    shorter = shorter_block_notes(block, cfg["num_speculative_tokens"])
+    for note in shorter:
+        log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
     metrics = {
         "method": name,
         "speculators_method": method,
@@ -541,6 +544,7 @@ def run(
         "summary": summarize(runs),
         "verdict": verdict,
         "consistency": check,
+        "served_with_shorter_block": shorter,
         "prediction": prediction,
         "this_run": this_run,
         "elapsed_s": round(time.monotonic() - t0, 1),

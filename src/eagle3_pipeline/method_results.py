@@ -183,3 +183,21 @@ def dflash_checks(config: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[st
         ),
     ]
     return facts, checks
+
+
+def shorter_block_notes(block_size: int | None, ks: list[int]) -> list[str]:
+    """What differs from training when a DFlash drafter of ``block_size`` is served at a k
+    below ``block_size - 1``, one line per such k. vLLM gives it k + 1 query slots (the bonus
+    token and k mask tokens; ``_copy_and_expand_dflash_inputs``), where speculators trained
+    ``block_size`` slots that attend to each other inside the block: its drafts at that k
+    are not the ones it was trained to make (benchmarks/drafter_replay.py measures the
+    difference). Not an error (a shorter k can still pay), but not served as trained."""
+    if not block_size:
+        return []
+    return [
+        f"k={k}: served with a block of {k + 1} query slots, trained with {block_size} that "
+        "attend to each other; its drafts differ from the trained ones. To serve this k as "
+        f"trained, train a variant with block_size {k + 1} (train.variants)"
+        for k in ks
+        if k < block_size - 1
+    ]

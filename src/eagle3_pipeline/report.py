@@ -269,6 +269,8 @@ def _consistency(methods: dict[str, dict]) -> list:
                 ),
             )
         )
+        for note in m["bench"].get("served_with_shorter_block", []):
+            blocks.append(("banner", False, f"{prefix}NOT SERVED AS TRAINED at {note}"))
         facts[method] = cons.get("drafter") or {}
     fields = list(dict.fromkeys(f for fs in facts.values() for f in fs))
     rows = [[f, *(_fmt(facts[m].get(f)) for m in methods)] for f in fields]
