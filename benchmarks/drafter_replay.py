@@ -7,9 +7,9 @@
     .venv/bin/python benchmarks/drafter_replay.py --run results/X --methods dflash \
         --k dflash=3,15 --sets heldout --limit 8
 
-For each prompt set, the baseline's greedy outputs (bench/baseline.json, T=0, concurrency 1)
-are rendered with the chat template, the target's hidden states for prompt + output computed
-with transformers in float32 (as extraction stores them), and every drafter of
+For each prompt set, the baseline's greedy outputs (bench/baseline.json, T=0, concurrency 1 or
+``--concurrency``) are rendered with the chat template, the target's hidden states for prompt +
+output computed with transformers in float32 (as extraction stores them), and every drafter of
 drafter/<method>/ run on them with speculators' own model code (eagle3_pipeline.replay): the
 proposals from every output position, then greedy speculative decoding simulated and counted as
 vLLM's counters count. Per method, k and set it prints and writes:
@@ -85,6 +85,9 @@ def main() -> None:
     )
     ap.add_argument("--limit", type=int, help="replay the first N prompts (rows) of each set")
     ap.add_argument("--target", help="the target model directory (default: target.json's)")
+    ap.add_argument(
+        "--concurrency", type=int, default=1, help="the bench runs compared (default: 1)"
+    )
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     setup_logging(None)
@@ -98,6 +101,7 @@ def main() -> None:
         limit=args.limit,
         target_path=args.target,
         rows=args.rows,
+        concurrency=args.concurrency,
     )
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     print(

@@ -201,6 +201,30 @@ def test_dflash_anchor_replay_is_the_training_forward(dflash_run, target_dir, hf
         replay.dflash_proposals(drafter, aux, ids, valid, 4)
 
 
+def test_text_walk_is_the_walk_of_vllms_block_on_that_text(
+    dflash_run, target_dir, hf_target, tokenizer
+):
+    """What replay_run does with a served run's own outputs: the target's states on that
+    text, the proposals of the k + 1 queries vLLM builds, the walk (judged past the end
+    against the greedy continuation)."""
+    drafter, method = replay.load_drafter(dflash_run["root"] / "drafter", target_dir)
+    ids, first, aux = drafter_inputs(dflash_run["root"] / "drafter", hf_target, tokenizer)
+    layers = list(drafter.config.aux_hidden_state_layer_ids)
+    k = 2
+    got = replay.text_walk(
+        hf_target, drafter, method, list(range(len(layers))), layers, ids[:first], ids[first:], k
+    )
+    props, _ = replay.proposals_for(drafter, method, aux, ids, first, k, k + 1)
+    continuation = replay.greedy_continuation(hf_target, ids, k)
+    assert got == replay.walk(props, ids[first:], k, continuation)
+    assert (
+        replay.text_walk(
+            hf_target, drafter, method, [0], layers, ids[:first], ids[first : first + 1], k
+        )["drafts"]
+        == 0
+    )
+
+
 # ---- the real check: vLLM proposes what the replay computes ------------------------------------
 
 PROMPTS = [

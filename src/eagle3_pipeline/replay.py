@@ -487,9 +487,9 @@ def aux_columns(method_config: dict[str, Any], layer_ids: Sequence[int]) -> list
 
 
 def baseline_sequences(
-    run: Path, sets: Sequence[str] | None, limit: int | None = None
+    run: Path, sets: Sequence[str] | None, limit: int | None = None, concurrency: int = 1
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per prompt set, its prompts with the baseline's T=0, concurrency-1 outputs:
+    """Per prompt set, its prompts with the baseline's T=0 outputs at ``concurrency``:
     ``[{"id", "messages", "outputs"}]``; the set's prompt file must be the one the baseline
     measured (its sha256)."""
     from .fileio import iter_jsonl, read_json, sha256_file
@@ -504,9 +504,13 @@ def baseline_sequences(
             raise ReplayError(f"bench/baseline.json has no prompt set {name!r}")
         if not path.exists() or sha256_file(path) != entry["prompts_sha256"]:
             raise ReplayError(f"{path} is not the prompt file the baseline measured")
-        greedy = [r for r in entry["runs"] if r["temperature"] == 0 and r["concurrency"] == 1]
+        greedy = [
+            r for r in entry["runs"] if r["temperature"] == 0 and r["concurrency"] == concurrency
+        ]
         if not greedy:
-            raise ReplayError(f"the baseline of {name!r} has no run at T=0, concurrency 1")
+            raise ReplayError(
+                f"the baseline of {name!r} has no run at T=0, concurrency {concurrency}"
+            )
         prompts = list(iter_jsonl(path))
         rows = [
             {"id": p.get("id"), "messages": p["messages"], "outputs": list(o)}
@@ -551,14 +555,37 @@ def dataset_sequences(
     return out, skipped
 
 
-def served_rows(run: Path, method: str) -> list[dict[str, Any]]:
-    """The bench stage's T=0, concurrency-1 runs of a method (``bench/<method>/metrics.json``)."""
+def served_rows(run: Path, method: str, concurrency: int = 1) -> list[dict[str, Any]]:
+    """The bench stage's T=0 runs of a method at ``concurrency``
+    (``bench/<method>/metrics.json``)."""
     from .fileio import read_json
 
     path = run / "bench" / method / "metrics.json"
     if not path.exists():
         return []
-    return [r for r in read_json(path)["runs"] if r["temperature"] == 0 and r["concurrency"] == 1]
+    return [
+        r
+        for r in read_json(path)["runs"]
+        if r["temperature"] == 0 and r["concurrency"] == concurrency
+    ]
+
+
+def text_walk(
+    model, drafter, method: str, aux_cols: list[int], layer_ids, p_ids, outputs, k: int
+) -> dict[str, Any]:
+    """The walk over one request's ``outputs`` (another text than the baseline's: what a
+    served run decoded), with the proposals vLLM's drafter makes at k (DFlash: the k + 1
+    queries vLLM builds), the target's states computed on that text."""
+    if len(outputs) < 2:
+        return walk([], outputs, k)
+    ids = list(p_ids) + list(outputs)
+    aux = target_states(model, ids, layer_ids)[:, aux_cols].flatten(1)
+    block = k + 1 if method == "dflash" else None
+    props = proposals_for(drafter, method, aux, ids, len(p_ids), k, block)[0]
+    w = walk(props, outputs, k)
+    if w["beyond_end"]:
+        w = walk(props, outputs, k, greedy_continuation(model, ids, k))
+    return w
 
 
 def method_proposals(
@@ -587,6 +614,8 @@ def replay_run(
     limit: int | None = None,
     target_path: str | Path | None = None,
     rows: Sequence[str] = (),
+    concurrency: int = 1,
+    served_outputs: dict[tuple[str, int, str], list[list[int]]] | None = None,
 ) -> dict[str, Any]:
     """Replay the baseline's greedy outputs of a finished run through its drafters.
 
@@ -600,6 +629,11 @@ def replay_run(
     ``rows``: also replay the prepared data set's ``validation`` and/or ``training`` rows (as
     sets ``<split>_rows``, nothing served there): on the validation rows the uniform figure is
     what validation measured, so prediction, uniform and walk can be compared on one text.
+    ``concurrency``: the baseline and bench runs compared (default 1). ``served_outputs``:
+    per (method, k, prompt set) the outputs the served run decoded, request by request (the
+    bench cache keeps them): each is also walked on its own text (``replay_served_text``), so
+    that a served output that departs from the baseline's (numerics of batched or verified
+    decoding) does not blur the comparison with the counters.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -623,14 +657,14 @@ def replay_run(
     kinds = {m: c.get("speculators_model_type") for m, c in configs.items()}
     layer_ids = sorted({i for m, c in configs.items() for i in c[aux_key(kinds[m])]})
     layer_ids.append(int(target["architecture"]["num_layers"]))
-    served = {m: served_rows(run, m) for m in drafters}
+    served = {m: served_rows(run, m, concurrency) for m in drafters}
     ks = {m: sorted((ks or {}).get(m) or []) for m in drafters}
     for m in drafters:
         if not ks[m]:
             measured = sorted({r["k"] for r in served[m]})
             trained = configs[m]["speculators_config"]["proposal_methods"][0]
             ks[m] = measured or [int(trained["speculative_tokens"])]
-    seqs = baseline_sequences(run, sets, limit)
+    seqs = baseline_sequences(run, sets, limit, concurrency)
     skipped: dict[str, int] = {}
     trainer = read_json(drafters[next(iter(drafters))] / "metrics.json")["config"]["trainer"]
     for split in rows:
@@ -645,7 +679,7 @@ def replay_run(
     parts: dict[tuple, dict[str, list]] = {}
     agreement = {name: [0, 0] for name in seqs}
     for name, rows in seqs.items():
-        for row in rows:
+        for index, row in enumerate(rows):
             p_ids = row.get("prompt_ids") or prompt_ids(tokenizer, row["messages"])
             outputs = row["outputs"]
             if not outputs:
@@ -675,6 +709,17 @@ def replay_run(
                         slot = parts.setdefault((m, k, block, name), {"walk": [], "uniform": []})
                         slot["walk"].append(w)
                         slot["uniform"].append(uniform(props, outputs, k))
+                        texts = (served_outputs or {}).get((m, k, name))
+                        if texts is None or block not in (None, k + 1):
+                            continue
+                        text = list(texts[index])
+                        if text != outputs:
+                            cols = aux_columns(configs[m], layer_ids)
+                            w = text_walk(model, drafter, kinds[m], cols, layer_ids, p_ids, text, k)
+                        slot.setdefault("served_text", []).append(w)
+                        slot["served_text_differs"] = slot.get("served_text_differs", 0) + (
+                            text != outputs
+                        )
             log.info("replayed %s/%s (%d output tokens)", name, row["id"], len(outputs))
 
     results = []
@@ -694,6 +739,10 @@ def replay_run(
             "served": None,
             "predicted_acceptance_length": predicted_acceptance_length(prediction, k),
         }
+        if "served_text" in slot:
+            on_text = combine(slot["served_text"])
+            result["replay_served_text"] = on_text
+            result["served_text_differs"] = slot["served_text_differs"]
         if row is not None:
             result["served"] = {
                 key: row.get(key) for key in ("acceptance_length", "per_position", "drafts")
@@ -702,10 +751,15 @@ def replay_run(
             result["served_over_replay"] = ratio(
                 row["acceptance_length"], replayed["acceptance_length"]
             )
+            if "served_text" in slot:
+                result["served_over_replay_served_text"] = ratio(
+                    row["acceptance_length"], on_text["acceptance_length"]
+                )
         results.append(result)
     return {
         "run": str(run),
         "target": str(target_dir),
+        "concurrency": concurrency,
         "methods": {m: {"ks": ks[m], "drafter": str(d)} for m, d in drafters.items()},
         "skipped_rows": skipped,
         "target_agreement": {
