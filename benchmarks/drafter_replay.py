@@ -43,6 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from methods_compare import fmt  # the table cells of the methods comparison, beside this file
+
 from eagle3_pipeline.fileio import write_json
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.replay import replay_run
@@ -60,14 +62,6 @@ def parse_ks(items: list[str] | None, methods: list[str] | None) -> dict[str, li
             for method in methods or ["eagle3", "dflash"]:
                 out.setdefault(method, []).append(int(item))
     return out
-
-
-def fmt(v, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, list):
-        return " / ".join(fmt(x, 2) for x in v)
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def main() -> None:

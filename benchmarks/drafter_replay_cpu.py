@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from methods_compare import fmt  # the table cells of the methods comparison, beside this file
+
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json, write_jsonl
@@ -157,10 +159,6 @@ def h200_rows(home: Path | None) -> dict:
         for r in read_json(path)["rows"]
         if r["temperature"] == 0
     }
-
-
-def fmt(v, digits: int = 3) -> str:
-    return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def main() -> None:
