@@ -885,8 +885,8 @@ def served_proposals(
     import subprocess
     import sys
 
-    from . import server_guard
     from .fileio import read_json
+    from .server import vllm_environment
 
     job = {
         "target": str(target),
@@ -897,25 +897,19 @@ def served_proposals(
         "max_tokens": int(max_tokens),
         "out": str(out),
     }
-    env = dict(os.environ)
-    env.update(
-        {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-        }
+    # the bench servers' environment, with the engine in this process (its drafter wrappable)
+    env = vllm_environment(
+        "cpu",
+        os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        cache_root,
+        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
-    if cache_root is not None:
-        env["VLLM_CACHE_ROOT"] = str(cache_root)
     cmd = [sys.executable, "-m", "eagle3_pipeline.replay", "serve", json.dumps(job)]
     logf = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed below
     try:
         proc = subprocess.run(
             cmd,
-            env=server_guard.with_package_on_path(env),
+            env=env,
             stdout=logf,
             stderr=subprocess.STDOUT,
             timeout=timeout_s,

@@ -141,6 +141,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def vllm_environment(
+    device: str,
+    cpu_kvcache_gib: float | str,
+    cache_root: str | os.PathLike | None = None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment a vLLM process of the pipeline runs in: offline, no usage stats, its
+    compile cache; on the CPU its KV cache size, one OpenMP thread unbound and Intel's OpenMP
+    preloaded (vLLM's CPU speculative decoding is much faster with it); ``extra`` last."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if cache_root is not None:
+        env["VLLM_CACHE_ROOT"] = str(cache_root)
+    if device == "cpu":
+        env.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib),
+                "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            }
+        )
+        iomp = intel_openmp()
+        if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
+            env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
+    env.update(extra or {})
+    return server_guard.with_package_on_path(env)
+
+
 def intel_openmp() -> str | None:
     """libiomp5 shipped by the intel-openmp wheel: vLLM's CPU speculative decoding is much
     faster with it preloaded."""
@@ -214,28 +248,9 @@ class VllmServer:
         return args + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            {
-                "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
-                "VLLM_NO_USAGE_STATS": "1",
-                "VLLM_CACHE_ROOT": str(self.cache_root),
-                "PYTHONUNBUFFERED": "1",
-            }
+        return vllm_environment(
+            self.spec.device, self.spec.cpu_kvcache_gib, self.cache_root, self.spec.env
         )
-        if self.spec.device == "cpu":
-            env.update(
-                {
-                    "VLLM_CPU_KVCACHE_SPACE": str(self.spec.cpu_kvcache_gib),
-                    "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-                    "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-                }
-            )
-            iomp = intel_openmp()
-            if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
-                env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
-        env.update(self.spec.env)
-        return server_guard.with_package_on_path(env)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
