@@ -45,7 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from methods_compare import fmt  # the table cells of the methods comparison, beside this file
+from drafter_replay import parse_ks  # the scripts beside this one
+from methods_compare import fmt
 
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
@@ -130,14 +131,6 @@ def local_drafter(src: Path, dst: Path, verifier: str) -> Path:
     return dst
 
 
-def parse_ks(items: list[str]) -> dict[str, list[int]]:
-    out = {}
-    for item in items:
-        name, ks = item.split("=", 1)
-        out[name] = sorted(int(k) for k in ks.split(","))
-    return out
-
-
 def served_outputs(cache: Path, drafters, tgt, bench_cfgs, vllm_cfg, prompt_files, conc):
     """Per (drafter, k, set) the outputs its served run decoded (the bench cache keeps them)."""
     out = {}
@@ -207,7 +200,7 @@ def main() -> None:
     tgt = target.load_info(tj)
     (run / "target").mkdir(exist_ok=True)
     write_json(run / "target" / "target.json", tgt)
-    ks = parse_ks(args.k)
+    ks = {name: sorted(v) for name, v in parse_ks(args.k, None).items()}
     drafters = {}
     for item in args.drafter:
         name, path = item.split("=", 1)
