@@ -494,7 +494,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "vllm.dtype",
         "vllm.max_model_len",
     ),
-    "prepare": ("prepare.seq_length", "prompts.seed"),
+    "prepare": ("prepare.seq_length", "prepare.cut_loops", "prompts.seed"),
     "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage"),
     "extract": (
         "extract.layer_ids",
