@@ -6,12 +6,12 @@ One synth record becomes one training row::
     loss_mask = [0] * len(prompt_token_ids) + [1] * len(completion_token_ids)
 
 truncated to ``seq_length`` tokens (and, with ``cut_loops: n``, cut where the completion first
-repeats an n-gram of its own: see :func:`loop_start`). Only the completion is trained: it is
-the one part of the sequence the target model generated itself. In a multi-turn record the
-stored prompt also holds earlier assistant turns, but those came from the prompt source (a data
-set), not from the target, so they are context, never training targets - training on them
-would teach the drafter to predict some other model's answers. System and user turns and the chat template tokens are
-context for the same reason.
+repeats an n-gram of its own: see :func:`loop_start`). Only the completion is trained: it is the
+one part of the sequence the target model generated itself. In a multi-turn record the stored
+prompt also holds earlier assistant turns, but those came from the prompt source (a data set), not
+from the target, so they are context, never training targets - training on them would teach the
+drafter to predict some other model's answers. System and user turns and the chat template tokens
+are context for the same reason.
 
 A row is dropped, and counted by reason in ``stats.json``, when it is malformed (see
 :func:`check_record`) or when no trainable token survives truncation (the prompt alone fills
