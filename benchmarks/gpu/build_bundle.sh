@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build an offline install of the GPU lock (envs/gpu-lock.txt: vLLM 0.26.0, the CUDA 13.0 build
 # that pins torch 2.11.0, and the pipeline's dependencies) for a GPU host that has Python 3.12 and
-# torch 2.11.0 but no package index, split into 55 MiB parts: a remote command may carry at most
-# 64 MiB, so the parts travel one per command (docs/gpu.md). Every package of the lock is shipped
+# torch 2.11.0 but no package index, split into 48 MiB parts: a remote command may carry at most
+# 64 MiB, the checkout included, so the parts travel one per command (docs/gpu.md). Every package of the lock is shipped
 # except those the host already has at the lock's version (envs/h200-host.txt, which says why),
 # so the host runs what `scripts/setup.sh --gpu` installs.
 #
@@ -27,6 +27,12 @@ shipped() {
 if [ "${1:-}" = --list ]; then shipped; exit 0; fi
 
 OUT=$(realpath -m "${1:-$REPO/.gpu}")
+PART_MIB=48
+# A part travels with the checkout's tracked files (~11 MB): both must fit in 64 MiB.
+tree=$(cd "$REPO" && git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+[ $((tree + (PART_MIB + 2) * 1048576)) -le $((64 * 1048576)) ] || {
+  echo "the checkout's files ($((tree / 1048576)) MiB) and a $PART_MIB MiB part exceed 64 MiB:" \
+    "lower PART_MIB" >&2; exit 1; }
 PLAT=$(cat "$HERE/platforms.txt")
 PIPDL=(python3 -m pip download -q --no-deps --prefer-binary --python-version 3.12
        --implementation cp --abi cp312 --abi abi3 --abi none $PLAT)
@@ -59,7 +65,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$W/site" -
 (cd "$W/site" && tar -cf - . | xz -T0 -6 > "$W/d.tar.xz")
 
 rm -rf "$OUT"; mkdir -p "$OUT/s"
-cat "$W/v.tar.xz" "$W/d.tar.xz" | split -b 55m -d -a 2 - "$W/part."
+cat "$W/v.tar.xz" "$W/d.tar.xz" | split -b "${PART_MIB}m" -d -a 2 - "$W/part."
 i=0; for p in "$W"/part.*; do i=$((i+1)); c=$(printf '%s/c%02d' "$OUT" $i); mkdir -p "$c"; mv "$p" "$c/"; done
 cp "$HERE"/host/* "$OUT/s/"
 { echo "PARTS=$i"
