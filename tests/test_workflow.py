@@ -337,6 +337,7 @@ def test_slurm_profile_sizes_every_gpu_job(tmp_path, fake_model_dir):
     assert set(sbatch) == set(STAGES)
     assert len(sbatch["extract"]) == 2
     for rule, cmds in sbatch.items():
+        assert "runtime" in per_rule.get(rule, {}), f"profiles/slurm sets no runtime for {rule}"
         minutes = humanfriendly.parse_timespan(per_rule[rule]["runtime"]) / 60
         for cmd in cmds:
             assert cmd.startswith("sbatch --parsable")
