@@ -1,8 +1,8 @@
 rule bench_baseline:
-    """Throughput without a drafter on every prompt set: measured once, shared by the methods
-    (their speedups are against the same reference). Results are cached per set: a set whose
-    target, prompts and settings are unchanged is not measured again, and with nothing to
-    measure no server starts."""
+    """Throughput without a drafter on every prompt set, for bench.pairing: separate (a target
+    that cannot be loaded twice): measured once in bench.rounds rounds, shared by the methods.
+    Results are cached per set: a set whose target, prompts and settings are unchanged is not
+    measured again, and with nothing to measure no server starts."""
     input:
         target=out("target/target.json"),
         prompts=expand(out("prompts/bench_{name}.jsonl"), name=bench_sets()),
@@ -14,7 +14,7 @@ rule bench_baseline:
         bench_of("bench_baseline")
     conda:
         "../envs/vllm.yaml"
-    threads: vllm_threads()
+    threads: measurement_threads()
     resources:
         gpus=gpus("bench"),
         gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus
@@ -28,11 +28,14 @@ rule bench_baseline:
 
 
 rule bench:
-    """One method's drafter under real vLLM speculative decoding, next to the shared baseline.
+    """One method's drafter under real vLLM speculative decoding against the target without a
+    drafter: with bench.pairing: alternate a baseline server beside the drafter's, rounds
+    alternating between them; with separate, the shared bench_baseline.
 
     One job per method for all prompt sets (each server start is a model load), with results
     cached per set: a set whose drafter, target, prompts and parameters are unchanged is not
-    measured again, and with nothing to measure no server starts.
+    measured again, and with nothing to measure no server starts. Like bench_baseline it holds
+    every core, so that Snakemake runs nothing beside a speed measurement.
     """
     input:
         target=out("target/target.json"),
@@ -40,7 +43,7 @@ rule bench:
         weights=out("drafter/{method}/model.safetensors"),
         manifest=out("hidden_states/manifest.json"),
         train_metrics=out("drafter/{method}/metrics.json"),
-        baseline=out("bench/baseline.json"),
+        baseline=separate_baseline(),
         prompts=expand(out("prompts/bench_{name}.jsonl"), name=bench_sets()),
     output:
         metrics=out("bench/{method}/metrics.json"),
@@ -50,7 +53,7 @@ rule bench:
         bench_of("bench_{method}")
     conda:
         "../envs/vllm.yaml"
-    threads: vllm_threads()
+    threads: measurement_threads()
     resources:
         gpus=gpus("bench"),
         gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus

@@ -111,6 +111,21 @@ def vllm_threads():
     return 64 if config["vllm"]["device"] == "cpu" else 1
 
 
+def measurement_threads():
+    """A speed measurement holds every core whatever the device, so that Snakemake runs no
+    other job beside it (a training or another server would be measured with it). Without
+    --cores (a cluster executor: every job has an allocation of its own) 64."""
+    return workflow.resource_settings.cores or 64
+
+
+def separate_baseline():
+    """bench's input from bench_baseline: the shared baseline, with bench.pairing: separate
+    only (alternate measures it beside each drafter)."""
+    if config["bench"]["pairing"] == "separate":
+        return out("bench/baseline.json")
+    return []
+
+
 def extract_parts():
     return list(range(config["extract"]["jobs"]))
 

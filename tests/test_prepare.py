@@ -35,11 +35,16 @@ def speculators_data():
     return data, FileTransfer, SampleUnavailable
 
 
-def build(tmp_path, rows, seq_length=SEQ, seed=0, name="dataset"):
+def build(tmp_path, rows, seq_length=SEQ, seed=0, name="dataset", cut_loops=None):
     records = write_records(tmp_path / "synth" / "synth.jsonl.zst", rows)
     out = tmp_path / "prepare" / name
     stats = prepare.build_dataset(
-        records, out, tmp_path / "prepare" / f"{name}.stats.json", seq_length=seq_length, seed=seed
+        records,
+        out,
+        tmp_path / "prepare" / f"{name}.stats.json",
+        seq_length=seq_length,
+        seed=seed,
+        cut_loops=cut_loops,
     )
     return out, stats
 
@@ -169,10 +174,39 @@ def test_rows_loss_mask_and_truncation(tmp_path):
     assert stats["seq_len"]["p50"] == 8
     assert stats["seq_len"]["mean"] == pytest.approx(29 / 4)
     assert stats["seq_length"] == SEQ and stats["seed"] == 0
-    assert stats["provenance"]["params"] == {"seq_length": SEQ, "seed": 0}
+    assert stats["provenance"]["params"] == {"seq_length": SEQ, "seed": 0, "cut_loops": None}
+    assert stats["loops_cut"] == {"ngram": None, "rows": 0, "tokens": 0}
     assert fileio.read_json(tmp_path / "prepare" / "dataset.stats.json") == json.loads(
         json.dumps(stats, default=str)
     )
+
+
+def test_loop_start_finds_the_first_repeated_ngram():
+    assert prepare.loop_start([1, 2, 3, 4, 5], 2) is None
+    # 7 8 9 | 7 8 9 | 7 8: the 3-gram (7, 8, 9) comes back at index 3
+    assert prepare.loop_start([5, 7, 8, 9, 7, 8, 9, 7, 8], 3) == 4
+    assert prepare.loop_start([5, 7, 8, 9, 7, 8, 9, 7, 8], 4) == 4
+    assert prepare.loop_start([1, 1, 1, 1], 2) == 1
+    assert prepare.loop_start([1, 2, 1, 3], 2) is None  # a repeated token is not a loop
+
+
+def test_looping_answers_are_cut_where_the_loop_starts(tmp_path):
+    """With prepare.cut_loops an answer stops before the first n-gram it repeats: the row is a
+    prefix of what the target generated (still token-exact), loss on what is left."""
+    loop = [20, 21, 22, 23] * 4  # the model repeats a 4-token phrase until max_tokens
+    rows = [
+        record("loops", [1, 2], [10, 11, *loop]),
+        record("clean", [1, 2], [30, 31, 32, 33, 34]),
+    ]
+    out, stats = build(tmp_path, rows, seq_length=64, cut_loops=4)
+    got = by_id(load(out))
+    assert got["loops"]["input_ids"] == [1, 2, 10, 11, 20, 21, 22, 23]
+    assert got["loops"]["loss_mask"] == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert got["clean"]["input_ids"] == [1, 2, 30, 31, 32, 33, 34]
+    assert stats["loops_cut"] == {"ngram": 4, "rows": 1, "tokens": 12}
+    assert stats["tokens_trainable"] == 6 + 5
+    _, whole = build(tmp_path, rows, seq_length=64, name="whole")
+    assert whole["tokens_trainable"] == 18 + 5
 
 
 def test_malformed_rows_dropped_by_reason(tmp_path):

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from eagle3_pipeline import bench, extract, shards, synth
+from eagle3_pipeline.bench import cache, measure, stage
 from eagle3_pipeline.fileio import read_json, write_json
 
 from conftest import default_config
@@ -182,74 +183,84 @@ def test_gather_frees_samples_no_row_uses(tmp_path):
 
 def test_bench_fingerprint_covers_what_a_measurement_depends_on(tmp_path):
     cfg = default_config()
-    settings = bench.measurement_settings(cfg["bench"], cfg["vllm"])
+    settings = cache.measurement_settings(cfg["bench"], cfg["vllm"])
     assert "bench.prompt_sets" not in settings and "bench.min_acceptance_length" not in settings
     assert settings["bench.max_tokens"] == cfg["bench"]["max_tokens"]
+    # rounds as they run on this device (auto: 1 on the CPU), and how they pair
+    assert settings["bench.rounds"] == 1 and settings["bench.pairing"] == "alternate"
+    on_gpu = cache.measurement_settings(cfg["bench"], {**cfg["vllm"], "device": "cuda"})
+    assert on_gpu["bench.rounds"] == 3
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "1"}\n')
     target = {"identity": "t"}
-    fp = bench.set_fingerprint("d", target, prompts, settings)
-    assert bench.set_fingerprint("d", target, prompts, dict(settings)) == fp
-    assert bench.set_fingerprint("d2", target, prompts, settings) != fp
-    assert bench.set_fingerprint("d", {"identity": "t2"}, prompts, settings) != fp
-    assert bench.set_fingerprint("d", target, prompts, {**settings, "bench.max_tokens": 1}) != fp
+    fp = cache.set_fingerprint("d", target, prompts, settings)
+    assert cache.set_fingerprint("d", target, prompts, dict(settings)) == fp
+    assert cache.set_fingerprint("d2", target, prompts, settings) != fp
+    assert cache.set_fingerprint("d", {"identity": "t2"}, prompts, settings) != fp
+    assert cache.set_fingerprint("d", target, prompts, {**settings, "bench.max_tokens": 1}) != fp
+    assert cache.set_fingerprint("d", target, prompts, {**settings, "bench.rounds": 5}) != fp
     prompts.write_text('{"id": "2"}\n')
-    assert bench.set_fingerprint("d", target, prompts, settings) != fp
+    assert cache.set_fingerprint("d", target, prompts, settings) != fp
 
 
 def test_drafter_identity_ignores_where_the_verifier_lives(tmp_path):
     cfg = {"speculators_config": {"verifier": {"name_or_path": "/a/model", "architectures": []}}}
     write_json(tmp_path / "config.json", cfg)
     (tmp_path / "model.safetensors").write_bytes(b"weights")
-    first = bench.drafter_identity(tmp_path)
+    first = cache.drafter_identity(tmp_path)
     cfg["speculators_config"]["verifier"]["name_or_path"] = "/b/model"
     write_json(tmp_path / "config.json", cfg)
-    assert bench.drafter_identity(tmp_path) == first
+    assert cache.drafter_identity(tmp_path) == first
     (tmp_path / "model.safetensors").write_bytes(b"other weights")
-    assert bench.drafter_identity(tmp_path) != first
+    assert cache.drafter_identity(tmp_path) != first
 
 
 @pytest.fixture
 def bench_inputs(tmp_path, monkeypatch):
     """A drafter, target and manifest that pass the consistency check, and vLLM servers
-    replaced by a measure() that records what it is asked to measure, with or without the
-    drafter."""
-    asked: list[tuple[bool, list[str]]] = []
+    replaced by passes that record what they are asked to measure (the baseline server at
+    10 tok/s, the drafter's at 12)."""
+    asked: list[tuple[str, list[str]]] = []
 
     class Server:
+        def __init__(self, spec_cfg):
+            self.drafter = spec_cfg is not None
+
         def stop(self):
             pass
 
-    def fake_measure(server, sets, cfg, spec_decode):
-        asked.append((spec_decode, sorted(sets)))
-        out = {}
-        for name in sets:
-            for t in cfg["temperatures"]:
-                for c in cfg["concurrency"]:
-                    res = {
-                        "requests": 1,
-                        "output_tokens": 10,
-                        "wall_s": 1.0,
-                        "tokens_per_s": 12.0 if spec_decode else 10.0,
-                        "latency_s": {},
-                        "outputs": [[1, 2, 3]],
-                    }
-                    if spec_decode:
-                        res["acceptance"] = {
-                            "drafts": 10,
-                            "draft_tokens": 30,
-                            "accepted": 5,
-                            "acceptance_length": 1.5,
-                            "draft_acceptance_rate": 5 / 30,
-                            "per_position": [0.3, 0.1, 0.1],
-                        }
-                    out[(name, t, c)] = res
-        return out
+    def one_pass(server, prompts, temperature, concurrency, cfg, spec):
+        res = {
+            "requests": len(prompts),
+            "output_tokens": 10,
+            "wall_s": 1.0,
+            "tokens_per_s": 12.0 if server.drafter else 10.0,
+            "latencies_s": [0.1],
+            "outputs": [[1, 2, 3]],
+        }
+        if spec:
+            res["counts"] = {
+                "drafts": 10,
+                "draft_tokens": 30,
+                "accepted": 5,
+                "accepted_per_position": [3, 1, 1],
+            }
+        return res
 
-    monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setattr(bench, "start_server", lambda *a: Server())
+    def recorded(what, real):
+        def fn(*args):
+            asked.append((what or args[-1], sorted(args[1])))
+            return real(*args)
+
+        return fn
+
+    monkeypatch.setattr(measure, "one_pass", one_pass)
+    monkeypatch.setattr(measure, "warm_up", lambda *a: None)
+    monkeypatch.setattr(stage, "measure_alternating", recorded("pair", measure.measure_alternating))
+    monkeypatch.setattr(stage, "measure_rounds", recorded(None, measure.measure_rounds))
+    monkeypatch.setattr(stage, "start_server", lambda *a, **k: Server(a[3]))
     monkeypatch.setattr(
-        bench.consistency,
+        stage.consistency,
         "check",
         lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
     )
@@ -266,24 +277,27 @@ def bench_inputs(tmp_path, monkeypatch):
         files[name].write_text(f'{{"id": "{name}", "messages": []}}\n')
 
     def run(names, **bench_overrides):
-        """The baseline job, then the drafter's, as the workflow runs them."""
+        """The jobs as the workflow runs them: with bench.pairing: separate the baseline's,
+        then the drafter's; with alternate the drafter's alone (the baseline beside it)."""
         cfg = default_config(bench=bench_overrides)
         sets = {n: str(files[n]) for n in names}
-        baseline = tmp_path / "baseline.json"
-        b = bench.run_baseline(
-            tmp_path / "target.json", sets, baseline, cfg["bench"], cfg["vllm"], tmp_path / "c"
-        )
+        baseline, b = None, None
+        if cfg["bench"]["pairing"] == "separate":
+            baseline = tmp_path / "baseline.json"
+            b = bench.run_baseline(
+                tmp_path / "target.json", sets, baseline, cfg["bench"], cfg["vllm"], tmp_path / "c"
+            )
         metrics = bench.run(
             tmp_path / "target.json",
             drafter,
             tmp_path / "manifest.json",
             tmp_path / "metrics.json",
             sets,
-            baseline,
             tmp_path / "bench.json",
             cfg["bench"],
             cfg["vllm"],
             tmp_path / "c",
+            baseline_json=baseline,
         )
         return b, metrics
 
@@ -292,29 +306,47 @@ def bench_inputs(tmp_path, monkeypatch):
 
 def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     run, asked, files = bench_inputs
-    base, first = run(["one", "two"])
-    assert asked == [(False, ["one", "two"]), (True, ["one", "two"])]
+    sep = {"pairing": "separate"}
+    base, first = run(["one", "two"], **sep)
+    assert asked == [("baseline", ["one", "two"]), ("drafter", ["one", "two"])]
     assert base["this_run"]["servers_started"] == first["this_run"]["servers_started"] == 1
     assert [r["speedup"] for r in first["runs"]] == [1.2, 1.2]  # against the shared baseline
-    base, again = run(["one", "two"])  # nothing new: no server
+    base, again = run(["one", "two"], **sep)  # nothing new: no server
     assert len(asked) == 2 and again["this_run"]["servers_started"] == 0
     assert base["this_run"]["servers_started"] == 0 and again["runs"] == first["runs"]
-    _, added = run(["one", "two", "three"])  # a new set: only it is measured
-    assert asked[-2:] == [(False, ["three"]), (True, ["three"])]
+    _, added = run(["one", "two", "three"], **sep)  # a new set: only it is measured
+    assert asked[-2:] == [("baseline", ["three"]), ("drafter", ["three"])]
     assert [r["prompt_set"] for r in added["runs"]] == ["one", "two", "three"]
     assert added["this_run"]["cached_sets"] == ["one", "two"]
-    _, removed = run(["two"])
+    _, removed = run(["two"], **sep)
     assert len(asked) == 4 and [r["prompt_set"] for r in removed["runs"]] == ["two"]
     files["one"].write_text('{"id": "one-edited", "messages": []}\n')
-    run(["one", "two"])  # an edited set is measured again, alone
-    assert asked[-2:] == [(False, ["one"]), (True, ["one"])]
-    _, judged = run(["one", "two"], min_acceptance_length=2.0)  # a threshold only re-judges
+    run(["one", "two"], **sep)  # an edited set is measured again, alone
+    assert asked[-2:] == [("baseline", ["one"]), ("drafter", ["one"])]
+    _, judged = run(["one", "two"], min_acceptance_length=2.0, **sep)  # a threshold re-judges
     assert len(asked) == 6 and not judged["verdict"]["ok"]
-    run(["one", "two"], num_speculative_tokens=[2, 3])  # the drafter's k: the baseline stays
-    assert asked[6:] == [(True, ["one", "two"])] * 2  # one server per k
-    run(["one", "two"], max_tokens=7)  # a measurement setting: everything again
-    assert asked[-2:] == [(False, ["one", "two"]), (True, ["one", "two"])]
+    run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # the drafter's k: baseline stays
+    assert asked[6:] == [("drafter", ["one", "two"])] * 2  # one server per k
+    run(["one", "two"], max_tokens=7, **sep)  # a measurement setting: everything again
+    assert asked[-2:] == [("baseline", ["one", "two"]), ("drafter", ["one", "two"])]
     assert read_json(files["two"].parent / "bench.json")["this_run"]["measured_sets"] == [
         "one",
         "two",
     ]
+
+
+def test_alternating_bench_measures_the_baseline_beside_each_drafter(bench_inputs):
+    run, asked, _ = bench_inputs
+    _, first = run(["one", "two"], rounds=2)
+    assert asked == [("pair", ["one", "two"])]
+    assert first["this_run"]["servers_started"] == 2  # the baseline and the drafter
+    row = first["runs"][0]
+    assert row["pairing"] == "alternate" and row["rounds"] == 2
+    assert row["speedup_rounds"] == [1.2, 1.2] and row["significance"] == "faster"
+    assert row["acceptance_length"] == pytest.approx(1.5)  # 10 of 20 drafts accepted
+    _, again = run(["one", "two"], rounds=2)  # cached, baseline included: no server
+    assert len(asked) == 1 and again["this_run"]["servers_started"] == 0
+    run(["one", "two"], rounds=2, num_speculative_tokens=[2, 3])
+    assert asked[1:] == [("pair", ["one", "two"])] * 2  # per k, next to one baseline server
+    run(["one", "two"], rounds=3)  # more rounds: measured again
+    assert asked[-1] == ("pair", ["one", "two"])

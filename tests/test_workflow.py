@@ -49,10 +49,10 @@ def default_plan(tmp_path_factory):
 
 def test_default_config_plans_every_stage_once(default_plan):
     # one prompts_bench job per benchmark set (the default has two; the held-out set comes
-    # from prompts_train), one train and one bench job for its one method, one baseline
+    # from prompts_train), one train and one bench job for its one method (which measures the
+    # baseline beside its drafter: bench.pairing alternate)
     assert job_names(default_plan) == [
         "bench[method=eagle3]",
-        "bench_baseline",
         "extract[part=0]",
         "extract_gather",
         "prepare",
@@ -76,14 +76,15 @@ def test_default_config_asks_no_gpus(default_plan):
         assert job.gpus == 0, (job.rule, job.resources)
         assert int(job.resources.get("gpu", 0)) == 0, (job.rule, job.resources)
     gpu_rules = {j.rule for j in default_plan if "gpus" in j.resources}
-    assert gpu_rules == {"synth", "extract", "train", "bench_baseline", "bench"}
+    assert gpu_rules == {"synth", "extract", "train", "bench"}
 
 
-@pytest.mark.parametrize("device, alone", [("cpu", True), ("cuda", False)])
-def test_a_throughput_measurement_runs_alone_on_the_cpu(tmp_path, device, alone):
-    """On the CPU a vLLM server computes on the cores every job shares: the baseline measured
-    beside synth, or two drafters beside each other, would be timed under load. So every vLLM
-    job takes every core there (training already does); on GPUs they need one thread."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_throughput_measurement_runs_alone(tmp_path, device):
+    """A speed measurement beside another job measures the contention: the baseline beside
+    synth, a drafter beside a training (GPU jobs share the host's CPUs, CPU jobs its cores).
+    So the bench jobs take every core on any device, and Snakemake runs nothing beside them.
+    Other vLLM jobs take every core on the CPU (their servers compute there), one on GPUs."""
     jobs = plan(
         "--configfile",
         DEFAULT_CONFIG,
@@ -92,11 +93,14 @@ def test_a_throughput_measurement_runs_alone_on_the_cpu(tmp_path, device, alone)
         "--config",
         f"vllm={{device: {device}}}",
         "train={methods: [eagle3, dflash]}",
+        "bench={pairing: separate}",
         workdir=tmp_path,
     )
     threads = {j.rule: int(j.fields.get("threads", 1)) for j in jobs}
-    for rule in ("synth", "extract", "bench_baseline", "bench"):  # every vLLM server's job
-        assert threads[rule] == (2 if alone else 1), (rule, threads[rule])
+    for rule in ("bench_baseline", "bench"):
+        assert threads[rule] == 2, (rule, threads[rule])
+    for rule in ("synth", "extract"):
+        assert threads[rule] == (2 if device == "cpu" else 1), (rule, threads[rule])
 
 
 def test_lint_is_clean():
@@ -128,7 +132,6 @@ def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
         "extract": 8,
         "extract_gather": 0,
         "train": 0,
-        "bench_baseline": 8,
         "bench": 8,
         "report": 0,
         "all": 0,
@@ -208,6 +211,8 @@ def test_kimi_profile_plans_whole_chain_with_one_tp8_extraction(tmp_path, fake_m
     assert by_rule(jobs) == {s: 1 for s in (*STAGES, "all")} | {"prompts_bench": 2}
     gpus = {j.rule: j.gpus for j in jobs}
     assert gpus["extract"] == gpus["synth"] == gpus["bench"] == gpus["train"] == 8
+    # two TP=8 servers do not fit on one node: the baseline is measured on its own
+    assert gpus["bench_baseline"] == 8
     assert all(
         gpus[s] == 0
         for s in (
@@ -265,8 +270,9 @@ def test_gpu_quality_profile_plans_both_methods_on_one_gpu(tmp_path):
     gpus = {job_names([j])[0]: j.gpus for j in jobs if j.rule != "all"}
     for method in ("eagle3", "dflash"):
         assert gpus[f"train[method={method}]"] == gpus[f"bench[method={method}]"] == 1
-    assert gpus["bench_baseline"] == gpus["synth"] == gpus["extract[part=0]"] == 1
+    assert gpus["synth"] == gpus["extract[part=0]"] == 1
     assert by_rule(jobs)["extract"] == 1 and by_rule(jobs)["train"] == 2
+    assert "bench_baseline" not in by_rule(jobs)  # measured beside each drafter
 
 
 # ---- Slurm -----------------------------------------------------------------------------------
@@ -360,7 +366,7 @@ def test_slurm_profile_sizes_every_gpu_job(tmp_path, fake_model_dir):
 
 def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
     calls = slurm_calls("--configfile", DEFAULT_CONFIG, workdir=tmp_path)
-    assert {c["rule"] for c in calls} == set(STAGES)
+    assert {c["rule"] for c in calls} == set(STAGES) - {"bench_baseline"}  # bench pairs it
     assert not any("--gpus" in c["sbatch"] for c in calls)
 
 
@@ -747,13 +753,13 @@ BENCHES = ["bench[method=dflash]", "bench[method=dflash_b4]", "bench[method=eagl
         ({"train": {"ttt_steps": 2}}, [*EAGLE3, "report"]),
         # a shared key: every drafter
         ({"train": {"lr": 0.002}}, [*DFLASH, *B4, *EAGLE3, "report"]),
-        # one drafter's k: its bench only; the baseline is shared
+        # one drafter's k: its bench only
         (
             {"bench": {"num_speculative_tokens": {"eagle3": [3], "dflash": [5], "dflash_b4": [3]}}},
             ["bench[method=dflash]", "report"],
         ),
-        # what the baseline measures: the baseline and every drafter's bench
-        ({"bench": {"max_tokens": 64}}, [*BENCHES, "bench_baseline", "report"]),
+        # what the baseline measures: every drafter's bench (each measures it beside its own)
+        ({"bench": {"max_tokens": 64}}, [*BENCHES, "report"]),
         # DFlash on layers of its own: extraction captures them too, and everything after it
         (
             {"train": {"dflash": {"layer_ids": [1, 15]}}},

@@ -1,5 +1,5 @@
-"""Rule `bench`: one drafter under vLLM speculative decoding, next to the shared
-baseline (logic: eagle3_pipeline.bench)."""
+"""Rule `bench`: one drafter under vLLM speculative decoding against the target without it
+(logic: eagle3_pipeline.bench)."""
 
 from eagle3_pipeline import bench
 from eagle3_pipeline.config import job_section, stage_gpus
@@ -13,7 +13,7 @@ run_job(
         manifest_path=i.manifest,
         train_metrics=i.train_metrics,
         prompt_files=dict(zip(p.sets, i.prompts, strict=True)),
-        baseline_json=i.baseline,
+        baseline_json=i.baseline or None,
         metrics_out=o.metrics,
         cfg=job_section(snakemake.config, p.config, "bench"),
         vllm_cfg=job_section(snakemake.config, p.config, "vllm"),

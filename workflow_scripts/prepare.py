@@ -11,5 +11,6 @@ run_job(
         stats_out=o.stats,
         seq_length=p.config["prepare"]["seq_length"],
         seed=p.config["prompts"]["seed"],
+        cut_loops=p.config["prepare"]["cut_loops"],
     ),
 )

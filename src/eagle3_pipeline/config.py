@@ -418,6 +418,17 @@ def run_dir(cfg: dict) -> str:
     return f"{cfg['results_dir']}/{cfg['run']}"
 
 
+# bench.rounds: auto: speed on a GPU needs several rounds to show its spread; on the CPU one
+# round keeps the embedded default short (its speeds are noisy either way).
+AUTO_ROUNDS = {"cuda": 3, "cpu": 1}
+
+
+def bench_rounds(bench_cfg: dict, vllm_cfg: dict) -> int:
+    """How many rounds each bench measurement takes (``bench.rounds``, auto resolved)."""
+    rounds = bench_cfg["rounds"]
+    return AUTO_ROUNDS[vllm_cfg["device"]] if rounds == "auto" else int(rounds)
+
+
 def server_gpus(cfg: dict) -> int:
     """GPUs a managed vLLM server of this config occupies."""
     v = cfg["vllm"]
@@ -483,7 +494,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "vllm.dtype",
         "vllm.max_model_len",
     ),
-    "prepare": ("prepare.seq_length", "prompts.seed"),
+    "prepare": ("prepare.seq_length", "prepare.cut_loops", "prompts.seed"),
     "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage"),
     "extract": (
         "extract.layer_ids",
@@ -501,12 +512,13 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "train.dflash",
         "train.variants",
     ),
-    # The baseline (no drafter), measured once for every method.
+    # The baseline on its own (bench.pairing: separate), shared by every method.
     "bench_baseline": (
         "bench.prompt_sets",
         "bench.temperatures",
         "bench.concurrency",
         "bench.max_tokens",
+        "bench.rounds",
         *BENCH_VLLM_KEYS,
     ),
     # One job per method; num_speculative_tokens is that method's list.
@@ -516,6 +528,8 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.temperatures",
         "bench.concurrency",
         "bench.max_tokens",
+        "bench.rounds",
+        "bench.pairing",
         "bench.min_acceptance_length",
         "bench.min_measured_to_predicted",
         *BENCH_VLLM_KEYS,

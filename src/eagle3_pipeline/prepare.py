@@ -5,12 +5,13 @@ One synth record becomes one training row::
     input_ids = prompt_token_ids + completion_token_ids      (exactly as stored by synth)
     loss_mask = [0] * len(prompt_token_ids) + [1] * len(completion_token_ids)
 
-truncated to ``seq_length`` tokens. Only the completion is trained: it is the one part of the
-sequence the target model generated itself. In a multi-turn record the stored prompt also holds
-earlier assistant turns, but those came from the prompt source (a data set), not from the target,
-so they are context, never training targets - training on them would teach the drafter to
-predict some other model's answers. System and user turns and the chat template tokens are
-context for the same reason.
+truncated to ``seq_length`` tokens (and, with ``cut_loops: n``, cut where the completion first
+repeats an n-gram of its own: see :func:`loop_start`). Only the completion is trained: it is the
+one part of the sequence the target model generated itself. In a multi-turn record the stored
+prompt also holds earlier assistant turns, but those came from the prompt source (a data set), not
+from the target, so they are context, never training targets - training on them would teach the
+drafter to predict some other model's answers. System and user turns and the chat template tokens
+are context for the same reason.
 
 A row is dropped, and counted by reason in ``stats.json``, when it is malformed (see
 :func:`check_record`) or when no trainable token survives truncation (the prompt alone fills
@@ -98,20 +99,37 @@ def truncate_lengths(n_prompt, n_completion, seq_length: int):
 NO_TRAINABLE = "no_trainable_tokens"
 
 
+def loop_start(ids: list[int], n: int) -> int | None:
+    """Where ``ids`` starts repeating itself: the start of the first n-gram that already
+    occurred earlier in ``ids`` (None when none does). A small target decoding greedily often
+    falls into a loop and repeats it until ``max_tokens``; a drafter trained on that learns to
+    copy, and its validation accuracy then overstates what it does on real text."""
+    seen: set[tuple[int, ...]] = set()
+    for end in range(n, len(ids) + 1):
+        gram = tuple(ids[end - n : end])
+        if gram in seen:
+            return end - n
+        seen.add(gram)
+    return None
+
+
 class Row(NamedTuple):
     """A training row before it is written: ``(prompt + completion)[:seq_len]``, with the first
-    ``n_trainable`` completion tokens trained."""
+    ``n_trainable`` completion tokens trained; ``loop_cut``: completion tokens cut off as a
+    loop (:func:`loop_start`)."""
 
     sample_id: str
     prompt: list[int]
     completion: list[int]
     seq_len: int
     n_trainable: int
+    loop_cut: int = 0
 
 
-def row_of_line(line: str, seq_length: int) -> Row | str | None:
+def row_of_line(line: str, seq_length: int, cut_loops: int | None = None) -> Row | str | None:
     """The training :class:`Row` of one synth record line, why it is dropped (``invalid_json``,
-    a :func:`check_record` reason, or ``no_trainable_tokens``), or None for a blank line."""
+    a :func:`check_record` reason, or ``no_trainable_tokens``), or None for a blank line.
+    ``cut_loops``: n-gram length at which a repeating completion is cut (None: never)."""
     if not line.strip():
         return None
     try:
@@ -122,10 +140,14 @@ def row_of_line(line: str, seq_length: int) -> Row | str | None:
     if isinstance(checked, str):
         return checked
     prompt, completion = checked
+    cut = loop_start(completion, cut_loops) if cut_loops else None
+    loop_cut = 0 if cut is None else len(completion) - cut
+    if loop_cut:
+        completion = completion[:cut]
     seq_len, n_trainable = truncate_lengths(len(prompt), len(completion), seq_length)
     if n_trainable == 0:
         return NO_TRAINABLE
-    return Row(rec["id"], prompt, completion, int(seq_len), int(n_trainable))
+    return Row(rec["id"], prompt, completion, int(seq_len), int(n_trainable), loop_cut)
 
 
 def read_batches(dataset_dir: str | os.PathLike) -> Iterator[Any]:
@@ -160,13 +182,15 @@ def _arrow_schema():
     return features.arrow_schema
 
 
-def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[str, Any]:
+def _write_rows(
+    records_path: Path, arrow_path: Path, seq_length: int, cut_loops: int | None = None
+) -> dict[str, Any]:
     """Stream valid, truncated rows into an Arrow stream file; return the counts."""
     import pyarrow as pa
 
     schema = _arrow_schema()
     dropped: Counter[str] = Counter()
-    rows_in = truncated = tokens_trainable = 0
+    rows_in = truncated = tokens_trainable = loops_cut = loop_tokens = 0
     seq_lens: list[np.ndarray] = []
     batch: dict[str, list] = {name: [] for name in schema.names}
     progress = Progress(
@@ -184,7 +208,7 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
     with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         # errors="replace": a line that is not UTF-8 is counted as invalid_json, not fatal
         for line in iter_lines(records_path, progress.update, errors="replace"):
-            row = row_of_line(line, seq_length)
+            row = row_of_line(line, seq_length, cut_loops)
             if row is None:
                 continue
             rows_in += 1
@@ -192,6 +216,8 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
                 dropped[row] += 1
                 continue
             truncated += len(row.prompt) + len(row.completion) > row.seq_len
+            loops_cut += row.loop_cut > 0
+            loop_tokens += row.loop_cut
             tokens_trainable += row.n_trainable
             batch["input_ids"].append((row.prompt + row.completion)[: row.seq_len])
             batch["loss_mask"].append([0] * len(row.prompt) + [1] * row.n_trainable)
@@ -210,6 +236,7 @@ def _write_rows(records_path: Path, arrow_path: Path, seq_length: int) -> dict[s
         "rows_truncated": int(truncated),
         "tokens_total": int(lens.sum()),
         "tokens_trainable": int(tokens_trainable),
+        "loops_cut": {"ngram": cut_loops, "rows": loops_cut, "tokens": loop_tokens},
         "seq_len": percentiles(lens, (0, 5, 25, 50, 75, 95, 99, 100)),
     }
 
@@ -220,6 +247,7 @@ def build_dataset(
     stats_out: str | os.PathLike,
     seq_length: int,
     seed: int,
+    cut_loops: int | None = None,
 ) -> dict[str, Any]:
     """Build the shuffled training data set from the synth records; return the stats.
 
@@ -236,7 +264,7 @@ def build_dataset(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        stats = _write_rows(records_path, tmp / "rows.arrow", seq_length)
+        stats = _write_rows(records_path, tmp / "rows.arrow", seq_length, cut_loops)
         if stats["rows_kept"] == 0:
             raise ValueError(
                 f"no training rows left from {records_path} ({stats['rows_in']} records, "
@@ -280,7 +308,8 @@ def build_dataset(
     stats["seq_length"] = seq_length
     stats["seed"] = seed
     stats["provenance"] = provenance(
-        {"seq_length": seq_length, "seed": seed}, {"records": records_path}
+        {"seq_length": seq_length, "seed": seed, "cut_loops": cut_loops},
+        {"records": records_path},
     )
     write_json(stats_out, stats)
     return stats

@@ -105,10 +105,23 @@ def plot_bench(runs: list[dict], plots_dir: Path) -> dict[str, Path]:
     drafters = sorted({(r["method"], r["k"]) for r in runs}, key=str)
     colors = {d: f"C{i + 1}" for i, d in enumerate(drafters)}
     for gi, group in enumerate(groups.values()):
-        ax.bar(gi, group[0]["baseline_tokens_per_s"], width, color="C0")
+        base = group[0]
+        ax.bar(
+            gi,
+            base["baseline_tokens_per_s"],
+            width,
+            color="C0",
+            yerr=_spread(base["baseline_tokens_per_s"], base.get("baseline_tokens_per_s_rounds")),
+        )
         for j, r in enumerate(group, 1):
             x = gi + j * width
-            ax.bar(x, r["tokens_per_s"], width, color=colors[(r["method"], r["k"])])
+            ax.bar(
+                x,
+                r["tokens_per_s"],
+                width,
+                color=colors[(r["method"], r["k"])],
+                yerr=_spread(r["tokens_per_s"], r.get("tokens_per_s_rounds")),
+            )
             ax.text(
                 x, r["tokens_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7
             )
@@ -118,10 +131,17 @@ def plot_bench(runs: list[dict], plots_dir: Path) -> dict[str, Path]:
     ax.set_xticks([gi + (bars - 1) * width / 2 for gi in range(len(groups))])
     ax.set_xticklabels([f"{n}\nT={t} c={c}" for n, t, c in groups], fontsize=7)
     ax.set_ylabel("output tokens/s")
-    ax.set_title("Throughput with and without each drafter (speedup on the bars)")
+    ax.set_title("Throughput with and without each drafter (median, min-max of the rounds)")
     ax.legend(fontsize=8)
     save(fig, "throughput")
     return out
+
+
+def _spread(mid: float, rounds: list[float] | None) -> list[list[float]] | None:
+    """Error bar from the median to the min and max of the rounds (None: one round)."""
+    if not rounds or len(rounds) < 2:
+        return None
+    return [[mid - min(rounds)], [max(rounds) - mid]]
 
 
 # ---- content ----------------------------------------------------------------------------------
@@ -135,9 +155,24 @@ VERDICT_NOTE = (
     "out of the training pool, never trained on) only: there a measured τ far below it points "
     "at a train/serve mismatch. Other sets are shown with it for reference; a set far from the "
     "training prompts (another language, harder questions) is expected to score lower. Speedup "
-    "= tok/s with the drafter / tok/s without it, against one baseline measured for all "
-    "methods; below 1 the drafter makes decoding slower."
+    "= tok/s with the drafter / tok/s without it: the median over the rounds (bench.rounds), "
+    "each a pass over the whole prompt set, with its min–max in brackets. With bench.pairing "
+    "alternate the baseline server runs beside the drafter's and the rounds alternate between "
+    "them (the speedup is paired per round); with separate one baseline is measured for every "
+    "method and the range allows for every combination of rounds. ~ marks a speedup whose "
+    "range crosses 1: within noise. Below 1 the drafter makes decoding slower."
 )
+
+
+def _speedup_cell(r: dict) -> str:
+    """'0.84x (0.81–0.86)', '~' appended when the range crosses 1; '0.84x' for one round."""
+    cell = f"{_fmt(r['speedup'])}x"
+    lo_hi = r.get("speedup_range")
+    if r.get("rounds", 1) > 1 and lo_hi:
+        cell += f" ({lo_hi[0]:.2f}–{lo_hi[1]:.2f})"
+        if r.get("significance") == "within noise":
+            cell += " ~"
+    return cell
 
 
 def _benchmark(methods: dict[str, dict]) -> list:
@@ -166,7 +201,7 @@ def _benchmark(methods: dict[str, dict]) -> list:
                     " / ".join(_fmt(p, 2) for p in (r["per_position"] or [])),
                     _fmt(r["tokens_per_s"]),
                     _fmt(r["baseline_tokens_per_s"]),
-                    _fmt(r["speedup"]),
+                    _speedup_cell(r),
                     f"{ovb['differing']}/{ovb['compared']}" if ovb else "–",
                 ]
             )
@@ -181,7 +216,7 @@ def _benchmark(methods: dict[str, dict]) -> list:
         "acceptance per position",
         "tok/s drafter",
         "tok/s baseline",
-        "speedup",
+        "speedup (min–max)",
         "outputs differing (T=0)",
     ]
     return [
@@ -229,7 +264,7 @@ def _side_by_side(methods: dict[str, dict]) -> list:
                     _fmt(train.get("wall_s"), 3),
                     _fmt((train.get("throughput") or {}).get("tokens_per_s")),
                     *(
-                        f"{_fmt(at[s]['acceptance_length'])} / {_fmt(at[s]['speedup'])}x"
+                        f"{_fmt(at[s]['acceptance_length'])} / {_speedup_cell(at[s])}"
                         if s in at
                         else "–"
                         for s in sets
@@ -238,8 +273,8 @@ def _side_by_side(methods: dict[str, dict]) -> list:
             )
     note = (
         "Each method's drafter is trained from the same prepared rows, draft vocabulary and "
-        "hidden states and benchmarked on the same prompts against one baseline. Cells: τ "
-        "measured / speedup"
+        "hidden states and benchmarked on the same prompts against the target without a "
+        "drafter. Cells: τ measured / speedup (median, min–max over the rounds)"
     )
     if rows and methods:
         any_run = next(
@@ -279,7 +314,7 @@ def _consistency(methods: dict[str, dict]) -> list:
 
 def _training(name: str, train: dict) -> list:
     """Drafter ``name``'s training (a method's or a variant's: its metrics say which method)."""
-    from .bench import best_val
+    from .bench.verdict import best_val
     from .method_results import ACCURACY_SERIES
 
     method = train.get("method", "eagle3")

@@ -29,6 +29,10 @@ INFRASTRUCTURE = "infrastructure"
 MODULE_ROLES = {
     "__init__": INFRASTRUCTURE,
     "bench": LOGIC,
+    "bench.cache": LOGIC,
+    "bench.measure": LOGIC,
+    "bench.stage": LOGIC,
+    "bench.verdict": LOGIC,
     "client": INFRASTRUCTURE,
     "config": INFRASTRUCTURE,
     "consistency": LOGIC,

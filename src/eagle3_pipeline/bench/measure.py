@@ -1,0 +1,336 @@
+"""How the bench stage measures: one pass of a prompt set on a server, acceptance from vLLM's
+spec-decode counters, and the rounds protocol.
+
+A *pass* sends every prompt of a set at one temperature and concurrency and times the whole
+set (output tokens / wall time). A *cell* is one (prompt set, temperature, concurrency); it is
+measured in ``rounds`` passes per server. With two servers up at once (baseline and drafter,
+``bench.pairing: alternate``) the passes of a cell alternate between them and the order
+switches every round (baseline first in even rounds, drafter first in odd ones), so a drift of
+the machine (clocks, caches, a neighbour) lands on both sides alike; each round gives one
+paired speedup. Acceptance (tau, per position) is counted over every round of the cell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .. import client as client_lib
+from ..runtime import for_each
+from ..stats import percentiles
+
+log = logging.getLogger(__name__)
+
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+BASELINE, DRAFTER = "baseline", "drafter"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# ---- acceptance from the Prometheus counters ------------------------------------------------
+
+
+def scrape(base_url: str) -> dict[str, Any]:
+    """Spec-decode counters from the server's Prometheus endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with client_lib.sync_client(base_url, timeout=30, max_retries=3) as client:
+        text = client_lib.get_text(client, "/metrics")
+    out: dict[str, Any] = {name: 0.0 for name in SPEC_COUNTERS}
+    per_pos: dict[int, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name.removesuffix("_total")
+            if name in SPEC_COUNTERS and s.name.endswith("_total"):
+                out[name] += s.value
+            elif name == PER_POS and s.name.endswith("_total"):
+                pos = int(s.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+    out[PER_POS] = per_pos
+    return out
+
+
+def counter_delta(before: dict, after: dict) -> dict[str, Any]:
+    """The counts between two scrapes."""
+    return {
+        "drafts": int(after[SPEC_COUNTERS[0]] - before[SPEC_COUNTERS[0]]),
+        "draft_tokens": int(after[SPEC_COUNTERS[1]] - before[SPEC_COUNTERS[1]]),
+        "accepted": int(after[SPEC_COUNTERS[2]] - before[SPEC_COUNTERS[2]]),
+        "accepted_per_position": [
+            int(after[PER_POS][p] - before[PER_POS].get(p, 0.0)) for p in sorted(after[PER_POS])
+        ],
+    }
+
+
+def acceptance(counts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Acceptance over one or more passes' counts (:func:`counter_delta`): tau = 1 +
+    accepted / drafts, per-position acceptance = accepted at the position / drafts."""
+    counts = list(counts)
+    drafts = sum(c["drafts"] for c in counts)
+    draft_tokens = sum(c["draft_tokens"] for c in counts)
+    accepted = sum(c["accepted"] for c in counts)
+    n_pos = max((len(c["accepted_per_position"]) for c in counts), default=0)
+    per_pos = [
+        sum(c["accepted_per_position"][p] for c in counts if p < len(c["accepted_per_position"]))
+        for p in range(n_pos)
+    ]
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted": accepted,
+        "acceptance_length": 1 + accepted / drafts if drafts else None,
+        "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "per_position": [a / drafts if drafts else None for a in per_pos],
+    }
+
+
+# ---- one pass of a prompt set ----------------------------------------------------------------
+
+
+def request_body(prompt: dict, model: str, i: int, temperature: float, cfg: dict) -> dict:
+    return {
+        "model": model,
+        "messages": prompt["messages"],
+        "max_tokens": cfg["max_tokens"],
+        "temperature": temperature,
+        "seed": 1234 + i,
+        "return_token_ids": True,
+    }
+
+
+async def _pass(
+    base_url: str, model: str, prompts: list[dict], temperature: float, concurrency: int, cfg: dict
+) -> dict[str, Any]:
+    import openai
+
+    results: list[dict | None] = [None] * len(prompts)
+
+    async def go(client, i: int) -> None:
+        t0 = time.monotonic()
+        try:
+            data = await client_lib.chat(
+                client, request_body(prompts[i], model, i, temperature, cfg)
+            )
+        except openai.APIError as e:
+            raise BenchError(f"request {i} failed: {type(e).__name__}: {str(e)[:300]}") from e
+        results[i] = {
+            "latency_s": time.monotonic() - t0,
+            "token_ids": data["choices"][0].get("token_ids") or [],
+            "tokens": data["usage"]["completion_tokens"],
+        }
+
+    # No retries: a retried request would distort the timing; a failure is an error.
+    client = client_lib.async_client(base_url, timeout=cfg["request_timeout_s"], max_retries=0)
+    async with client:
+        t0 = time.monotonic()
+        await for_each(range(len(prompts)), lambda i: go(client, i), concurrency)
+        wall = time.monotonic() - t0
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall else None,
+        "latencies_s": [r["latency_s"] for r in results],
+        "outputs": [r["token_ids"] for r in results],
+    }
+
+
+def one_pass(
+    server, prompts: list[dict], temperature: float, concurrency: int, cfg: dict, spec: bool
+) -> dict[str, Any]:
+    """One timed pass of ``prompts`` on ``server``; with ``spec``, its spec-decode counts."""
+    before = scrape(server.base_url) if spec else None
+    res = asyncio.run(
+        _pass(server.base_url, server.model_name, prompts, temperature, concurrency, cfg)
+    )
+    if spec:
+        res["counts"] = counter_delta(before, scrape(server.base_url))
+    return res
+
+
+def warm_up(server, prompts: list[dict], cfg: dict) -> None:
+    """Short requests first, so that warm-up costs (first-request compilation, allocator
+    growth) land outside the measured passes."""
+    asyncio.run(
+        _pass(server.base_url, server.model_name, prompts[:2], 0.0, 2, dict(cfg, max_tokens=8))
+    )
+
+
+def compare_outputs(base: list[list[int]], spec: list[list[int]]) -> dict[str, Any]:
+    differing, examples = 0, []
+    for i, (a, b) in enumerate(zip(base, spec, strict=True)):
+        if a != b:
+            differing += 1
+            # the first position where they differ, or where the shorter one ends
+            pos = next(
+                (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)),
+            )
+            if len(examples) < 3:
+                examples.append(
+                    {
+                        "request": i,
+                        "first_diff_at": pos,
+                        "baseline": a[pos : pos + 3],
+                        "drafter": b[pos : pos + 3],
+                    }
+                )
+    return {"compared": len(base), "differing": differing, "examples": examples}
+
+
+# ---- what else is on the machine ------------------------------------------------------------
+
+
+def _gpu_processes() -> list[dict[str, Any]] | None:
+    """Compute processes on the GPUs (nvidia-smi), None where there is no nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-compute-apps=pid,process_name,used_memory",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return [{"error": f"nvidia-smi failed: {e}"}]
+    procs = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            procs.append({"pid": int(parts[0]), "name": parts[1], "memory_mib": parts[2]})
+    return procs
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (OSError, ProcessLookupError):
+        return None
+
+
+def surroundings(servers: Iterable) -> dict[str, Any]:
+    """What shares the machine with the measurement: GPU compute processes that belong to none
+    of ``servers`` (each runs in a process group of its own), and the 1-minute load average
+    against the number of cores."""
+    ours = {_process_group(s.proc.pid) for s in servers if getattr(s, "proc", None)}
+    ours.discard(None)
+    gpu = _gpu_processes()
+    others = None
+    if gpu is not None:
+        others = [p for p in gpu if "pid" not in p or _process_group(p["pid"]) not in ours]
+    return {
+        "other_gpu_processes": others,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+    }
+
+
+# ---- the rounds protocol ---------------------------------------------------------------------
+
+
+def round_order(r: int) -> tuple[str, str]:
+    """Which server goes first in round ``r``: the baseline in even rounds, the drafter in odd
+    ones (a drift over the cell's time then favours neither)."""
+    return (BASELINE, DRAFTER) if r % 2 == 0 else (DRAFTER, BASELINE)
+
+
+def _log_pass(what: str, name: str, t: float, c: int, r: int, res: dict) -> None:
+    tau = ""
+    if "counts" in res:
+        tau = f", tau {acceptance([res['counts']])['acceptance_length']}"
+    log.info(
+        "%s %s T=%s c=%d round %d: %.1f tok/s%s", what, name, t, c, r, res["tokens_per_s"], tau
+    )
+
+
+def _slim(res: dict, keep_outputs: bool) -> dict:
+    """A pass as it is kept: without its outputs except where they are compared."""
+    return {k: v for k, v in res.items() if keep_outputs or k != "outputs"}
+
+
+def cells(sets: Mapping[str, list[dict]], cfg: dict) -> list[tuple[str, float, int]]:
+    """Every (prompt set, temperature, concurrency) to measure, in measuring order."""
+    return [(name, t, c) for t in cfg["temperatures"] for c in cfg["concurrency"] for name in sets]
+
+
+def measure_alternating(
+    servers: Mapping[str, Any], sets: Mapping[str, list[dict]], cfg: dict, rounds: int
+) -> dict[str, list[dict]]:
+    """Per prompt set, one entry per (temperature, concurrency): the cell's ``rounds`` rounds,
+    each a pass on the baseline and on the drafter server in :func:`round_order`. Outputs are
+    kept from round 0 (compared at T=0)."""
+    first = next(iter(sets.values()))
+    for server in servers.values():
+        warm_up(server, first, cfg)
+    out: dict[str, list[dict]] = {name: [] for name in sets}
+    for name, t, c in cells(sets, cfg):
+        env_before = surroundings(servers.values())
+        entry = []
+        for r in range(rounds):
+            order = round_order(r)
+            passes = {}
+            for who in order:
+                res = one_pass(servers[who], sets[name], t, c, cfg, spec=who == DRAFTER)
+                _log_pass(who, name, t, c, r, res)
+                passes[who] = _slim(res, keep_outputs=r == 0)
+            entry.append({"order": list(order), **passes})
+        out[name].append(
+            {
+                "temperature": t,
+                "concurrency": c,
+                "rounds": entry,
+                "surroundings": [env_before, surroundings(servers.values())],
+            }
+        )
+    return out
+
+
+def measure_rounds(
+    server, sets: Mapping[str, list[dict]], cfg: dict, rounds: int, who: str
+) -> dict[str, list[dict]]:
+    """Per prompt set, one entry per (temperature, concurrency): ``rounds`` passes on one
+    server (``who``: baseline or drafter), back to back (``bench.pairing: separate``)."""
+    warm_up(server, next(iter(sets.values())), cfg)
+    out: dict[str, list[dict]] = {name: [] for name in sets}
+    for name, t, c in cells(sets, cfg):
+        env_before = surroundings([server])
+        entry = []
+        for r in range(rounds):
+            res = one_pass(server, sets[name], t, c, cfg, spec=who == DRAFTER)
+            _log_pass(who, name, t, c, r, res)
+            entry.append({"order": [who], who: _slim(res, keep_outputs=r == 0)})
+        out[name].append(
+            {
+                "temperature": t,
+                "concurrency": c,
+                "rounds": entry,
+                "surroundings": [env_before, surroundings([server])],
+            }
+        )
+    return out
+
+
+def latency(passes: Iterable[dict]) -> dict[str, float]:
+    """Request latency percentiles over every request of ``passes``."""
+    return percentiles([x for p in passes for x in p["latencies_s"]], (50, 100))

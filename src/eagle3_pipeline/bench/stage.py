@@ -1,0 +1,353 @@
+"""The bench stage's two jobs: each drafter under vLLM speculative decoding (rule ``bench``,
+:func:`run`) against the target without a drafter, and that baseline on its own (rule
+``bench_baseline``, :func:`run_baseline`) where the two cannot be up at once.
+
+``bench.pairing: alternate`` (the default): a bench job starts the baseline server and, for
+each ``k``, a drafter server beside it, and alternates rounds between the two (see
+:mod:`.measure`); its speedups are paired per round. ``separate``: the baseline is measured
+once in its own job and shared by every drafter's job (for a target that cannot be loaded
+twice, e.g. a 1T model at TP=8 on one node); its speedups are ratios of medians, with a
+spread that allows for everything the rounds saw.
+
+Before any server starts, the drafter is checked against what extraction and the target say
+(:mod:`eagle3_pipeline.consistency`): acceptance barely moves when these are wrong, so they
+are checked structurally.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from .. import consistency
+from ..config import bench_rounds
+from ..fileio import read_json, sha256_file, write_json
+from ..method_results import predicted_acceptance_length, shorter_block_notes
+from ..provenance import provenance
+from ..server import ServerError, VllmServer, spec_for_target
+from ..stats import median
+from ..target import load_info
+from .cache import baseline_key, drafter_key, measure_cached
+from .measure import (
+    BASELINE,
+    DRAFTER,
+    BenchError,
+    acceptance,
+    compare_outputs,
+    latency,
+    measure_alternating,
+    measure_rounds,
+)
+from .verdict import judge, speedup_stats, summarize
+
+log = logging.getLogger(__name__)
+
+# The GPU memory share of each of two servers up at once (bench.pairing: alternate).
+PAIRED_MEMORY_SHARE = 0.45
+MEMORY_FLAG = "--gpu-memory-utilization"
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def server_args(cfg: dict, vllm_cfg: dict, paired: bool = False) -> list[str]:
+    """The bench servers' own arguments: ``bench.server_args``, and as many sequences as the
+    benchmark ever sends at once (the highest ``bench.concurrency``) unless the user set it.
+
+    vLLM reserves draft slots for every sequence it could schedule out of the batch's token
+    budget: on vLLM 0.26 a DFlash drafter at k = 15 with the H200 default of 1,024 sequences
+    needs 14 x 1,024 slots of a budget of 8,192 and the server refuses to start
+    ("max_num_scheduled_tokens is set to -6144"). A benchmark never has more sequences in
+    flight than its concurrency, so the cap changes no measurement; baseline and drafter
+    servers get the same one. It also shortens the CUDA graph capture at start.
+
+    ``paired``: two servers share the GPUs (bench.pairing: alternate), each gets at most
+    :data:`PAIRED_MEMORY_SHARE` of their memory."""
+    args = list(cfg["server_args"])
+    every = [*vllm_cfg["extra_args"], *args]
+    if not any(a.split("=")[0] == "--max-num-seqs" for a in every):
+        args += ["--max-num-seqs", str(max(cfg["concurrency"]))]
+    if paired and vllm_cfg["device"] == "cuda":
+        share = _flag_value(every, MEMORY_FLAG)
+        if share is None:
+            args += [MEMORY_FLAG, str(PAIRED_MEMORY_SHARE)]
+        elif float(share) > PAIRED_MEMORY_SHARE:
+            raise BenchError(
+                f"bench.pairing: alternate keeps the baseline and a drafter server up together, "
+                f"but {MEMORY_FLAG} {share} (vllm.extra_args / bench.server_args) leaves no room "
+                f"for the second one: give at most {PAIRED_MEMORY_SHARE}, or set "
+                "bench.pairing: separate for a target that cannot be loaded twice"
+            )
+    return args
+
+
+def start_server(
+    cfg: dict,
+    vllm_cfg: dict,
+    target: dict,
+    spec_cfg: dict | None,
+    what: str,
+    log_path,
+    paired: bool = False,
+    cache_root=None,
+) -> VllmServer:
+    """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one);
+    ``cache_root``: its own vLLM compile cache (servers compiling side by side)."""
+    spec = spec_for_target(
+        vllm_cfg,
+        target,
+        extra_args=server_args(cfg, vllm_cfg, paired),
+        speculative_config=spec_cfg,
+    )
+    try:
+        return VllmServer(spec, log_path, cache_root).start()
+    except ServerError as e:
+        hint = (
+            f"If the message below names the drafter, its checkpoint at {spec_cfg['model']} is "
+            "not loadable by this vLLM.\n"
+            if spec_cfg
+            else ""
+        )
+        raise BenchError(f"vLLM failed to start {what}. {hint}{e}") from e
+
+
+def _with_k(k: int, measured: dict[str, list[dict]], runs: dict[str, list[dict]]) -> None:
+    for name, entries in measured.items():
+        runs[name] += [{"k": k, **e} for e in entries]
+
+
+# ---- rule bench_baseline (bench.pairing: separate) ---------------------------------------
+
+
+def run_baseline(
+    target_json,
+    prompt_files: dict[str, str],
+    out,
+    cfg: dict,
+    vllm_cfg: dict,
+    cache_dir,
+    log_path=None,
+) -> dict:
+    """Rule ``bench_baseline``: every prompt set without a drafter (one server, ``bench.rounds``
+    passes per measurement), shared by every drafter's job and kept per set in ``cache_dir``.
+    Writes the runs (throughput and, for the T=0 comparisons, the output token ids)."""
+    t0 = time.monotonic()
+    target = load_info(target_json)
+    key = baseline_key(target, cfg, vllm_cfg)
+    rounds = bench_rounds(cfg, vllm_cfg)
+
+    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+        server = start_server(cfg, vllm_cfg, target, None, "the baseline server", log_path)
+        try:
+            return measure_rounds(server, todo, cfg, rounds, BASELINE), 1
+        finally:
+            server.stop()
+
+    by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
+    baseline = {
+        "sets": {
+            name: {"prompts_sha256": sha256_file(prompt_files[name]), "runs": runs}
+            for name, runs in by_set.items()
+        },
+        "settings": key[2],
+        "this_run": this_run,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "provenance": provenance(cfg, inputs=prompt_files),
+    }
+    write_json(out, baseline)
+    return baseline
+
+
+# ---- rule bench ------------------------------------------------------------------------------
+
+
+def _separate_baseline(baseline: dict, name: str, prompts_path) -> dict[tuple, dict]:
+    entry = baseline["sets"].get(name)
+    if entry is None or entry["prompts_sha256"] != sha256_file(prompts_path):
+        raise BenchError(
+            f"the baseline has no measurement of prompt set {name!r} as it is now: re-run "
+            "bench_baseline"
+        )
+    return {(r["temperature"], r["concurrency"]): r for r in entry["runs"]}
+
+
+def drafter_rows(
+    name: str, drafted: list[dict], method: str, separate: dict[tuple, dict] | None = None
+) -> list[dict]:
+    """One prompt set's result rows: per (k, temperature, concurrency) the drafter's rounds
+    next to the baseline's (paired rounds of the same entry, or with ``separate`` the shared
+    baseline's entry of the same temperature and concurrency): tokens per second (medians),
+    speedup with its spread and significance, acceptance over every round, and at T=0 the
+    outputs compared token by token."""
+    rows = []
+    for entry in drafted:
+        t, c = entry["temperature"], entry["concurrency"]
+        drafter = [r[DRAFTER] for r in entry["rounds"]]
+        surroundings = list(entry.get("surroundings") or [])
+        if separate is None:
+            base = [r[BASELINE] for r in entry["rounds"]]
+        else:
+            if (t, c) not in separate:
+                raise BenchError(
+                    f"the baseline of {name!r} has no run at T={t}, concurrency {c}: re-run "
+                    "bench_baseline"
+                )
+            base = [r[BASELINE] for r in separate[(t, c)]["rounds"]]
+            surroundings += separate[(t, c)].get("surroundings") or []
+        d_tps = [p["tokens_per_s"] for p in drafter]
+        b_tps = [p["tokens_per_s"] for p in base]
+        row = {
+            "method": method,
+            "prompt_set": name,
+            "k": entry["k"],
+            "temperature": t,
+            "concurrency": c,
+            "requests": drafter[0]["requests"],
+            **acceptance(p["counts"] for p in drafter),
+            "tokens_per_s": median(d_tps),
+            "baseline_tokens_per_s": median(b_tps),
+            **speedup_stats(d_tps, b_tps, paired=separate is None),
+            "pairing": "alternate" if separate is None else "separate",
+            "tokens_per_s_rounds": d_tps,
+            "baseline_tokens_per_s_rounds": b_tps,
+            "latency_s": latency(drafter),
+            "baseline_latency_s": latency(base),
+            "output_tokens": drafter[0]["output_tokens"],
+            "baseline_output_tokens": base[0]["output_tokens"],
+            "surroundings": surroundings,
+        }
+        if t == 0:
+            row["outputs_vs_baseline"] = compare_outputs(base[0]["outputs"], drafter[0]["outputs"])
+        rows.append(row)
+    return rows
+
+
+def run(
+    target_json,
+    drafter_dir,
+    manifest_path,
+    train_metrics,
+    prompt_files: dict[str, str],
+    metrics_out,
+    cfg: dict,
+    vllm_cfg: dict,
+    cache_dir,
+    baseline_json=None,
+    log_path=None,
+    name: str | None = None,
+) -> dict:
+    """Rule ``bench`` (one job per drafter): measure (or take from ``cache_dir``) the drafter
+    on every prompt set, one server per k, against the baseline (a server of its own beside
+    it, or with ``bench.pairing: separate`` the shared ``baseline_json``), judge, write the
+    metrics. The method and its limits come from the drafter's config; ``name`` (its name in
+    train.methods, a method or a variant; default: the method) labels its rows."""
+    target = load_info(target_json)
+    manifest = read_json(manifest_path)
+    drafter_dir = str(Path(drafter_dir).resolve())
+    check = consistency.check(drafter_dir, manifest, target)
+    if not check["ok"]:
+        raise BenchError(
+            "the drafter does not match this run's extraction/target:\n  - "
+            + "\n  - ".join(check["problems"])
+        )
+    method = check["drafter"]["speculators_model_type"]
+    block = check["drafter"].get("block_size")
+    ks = cfg["num_speculative_tokens"]
+    too_many = [k for k in ks if block and k > block - 1]
+    if too_many:
+        raise BenchError(
+            f"a {method} drafter of block size {block} drafts at most {block - 1} tokens; "
+            f"bench.num_speculative_tokens asks for {too_many}"
+        )
+    paired = cfg["pairing"] == "alternate"
+    if not paired and baseline_json is None:
+        raise BenchError("bench.pairing: separate needs the baseline's measurements")
+    rounds = bench_rounds(cfg, vllm_cfg)
+    prediction = read_json(train_metrics).get("prediction") or {}
+    name = name or method
+    t0 = time.monotonic()
+
+    def drafter_server(k: int) -> VllmServer:
+        spec_cfg = {"model": drafter_dir, "method": method, "num_speculative_tokens": k}
+        what = f"the server with the {method} drafter (k={k})"
+        return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
+
+    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+        runs: dict[str, list[dict]] = {n: [] for n in todo}
+        baseline = None
+        if paired:
+            what = "the baseline server (no drafter)"
+            baseline = start_server(cfg, vllm_cfg, target, None, what, log_path, paired)
+        try:
+            for k in ks:
+                server = drafter_server(k)
+                try:
+                    if paired:
+                        servers = {BASELINE: baseline, DRAFTER: server}
+                        measured = measure_alternating(servers, todo, cfg, rounds)
+                    else:
+                        measured = measure_rounds(server, todo, cfg, rounds, DRAFTER)
+                finally:
+                    server.stop()
+                _with_k(k, measured, runs)
+        finally:
+            if baseline is not None:
+                baseline.stop()
+        return runs, len(ks) + paired
+
+    key = drafter_key(drafter_dir, target, cfg, vllm_cfg)
+    by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
+    shared = None if paired else read_json(baseline_json)
+    order = {
+        "k": ks,
+        "temperature": cfg["temperatures"],
+        "concurrency": cfg["concurrency"],
+        "prompt_set": list(prompt_files),
+    }
+    runs = sorted(
+        (
+            {
+                **row,
+                "predicted_acceptance_length": predicted_acceptance_length(prediction, row["k"]),
+            }
+            for set_name, drafted in by_set.items()
+            for row in drafter_rows(
+                set_name,
+                drafted,
+                name,
+                None if paired else _separate_baseline(shared, set_name, prompt_files[set_name]),
+            )
+        ),
+        key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
+    )
+    verdict = judge(runs, cfg)
+    shorter = shorter_block_notes(block, ks)
+    for note in shorter:
+        log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
+    metrics = {
+        "method": name,
+        "speculators_method": method,
+        "pairing": cfg["pairing"],
+        "rounds": rounds,
+        "runs": runs,
+        "summary": summarize(runs),
+        "verdict": verdict,
+        "consistency": check,
+        "served_with_shorter_block": shorter,
+        "prediction": prediction,
+        "this_run": this_run,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "provenance": provenance(
+            cfg, inputs={"drafter": Path(drafter_dir) / "model.safetensors", **prompt_files}
+        ),
+    }
+    write_json(metrics_out, metrics)
+    (log.error if not verdict["ok"] else log.info)("%s verdict: %s", name, verdict["message"])
+    return metrics
