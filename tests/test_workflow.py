@@ -11,12 +11,15 @@ import collections
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import humanfriendly
 import pytest
+import yaml
 
 from smkcli import REPO, STAGES, copy_repo, downstream, env_for, job_names, plan, snakemake
 
@@ -297,33 +300,68 @@ def slurm_calls(*args: str, workdir: Path) -> list[dict]:
     return json.loads(proc.stdout[proc.stdout.index("[") :])
 
 
-def test_slurm_profile_asks_gpus_per_rule(tmp_path, fake_model_dir):
-    calls = slurm_calls(
-        "--configfile",
-        str(REPO / "config" / "kimi-k2.5.yaml"),
-        "--config",
-        f"target={{path: {fake_model_dir}}}",
-        "extract={jobs: 2}",
-        workdir=tmp_path,
-    )
+SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
+
+
+def sbatch_flag(cmd: str, pattern: str) -> int | None:
+    m = re.search(pattern, cmd)
+    return int(m.group(1)) if m else None
+
+
+def workflow_rules() -> set[str]:
+    """Every rule of the workflow (`snakemake --list-rules`: a name at the start of a line, its
+    docstring after it), without the `all` target."""
+    out = snakemake("--list-rules", "--configfile", DEFAULT_CONFIG).stdout
+    return {line.split()[0] for line in out.splitlines() if line[:1].isalpha()} - {"all"}
+
+
+def test_slurm_profile_names_every_rule():
+    """A rule the profile does not name would run with the 1 h default wall time (and, CPU-only,
+    with Snakemake's thread count as its CPUs): each must be sized on purpose."""
+    resources = yaml.safe_load(SLURM_PROFILE.read_text())["set-resources"]
+    assert set(resources) == workflow_rules()
+    assert all("runtime" in r for r in resources.values()), resources
+
+
+def test_slurm_profile_sizes_every_gpu_job(tmp_path, fake_model_dir):
+    """Each GPU job of the Kimi-K2.5 profile asks for one node, its GPUs, the CPUs and memory
+    that go with them and its own wall time from the profile. The GPU rules are the jobs that
+    ask for GPUs in the plan, so a new GPU rule is checked without being listed here."""
+    args = ("--configfile", str(REPO / "config" / "kimi-k2.5.yaml"), "--config")
+    config = (f"target={{path: {fake_model_dir}}}", "extract={jobs: 2}")
+    calls = slurm_calls(*args, *config, workdir=tmp_path)
+    jobs = [j for j in plan(*args, *config, workdir=tmp_path) if j.rule != "all"]
+    gpus = {j.rule: j.gpus for j in jobs}
+    gpu_rules = {rule for rule, n in gpus.items() if n}
+    assert {"synth", "extract", "train", "bench_baseline", "bench"} <= gpu_rules
+
+    profile = yaml.safe_load(SLURM_PROFILE.read_text())
+    default, per_rule = profile["default-resources"], profile["set-resources"]
     sbatch = collections.defaultdict(list)
     for c in calls:
         sbatch[c["rule"]].append(c["sbatch"])
     assert set(sbatch) == set(STAGES)
     assert len(sbatch["extract"]) == 2
     for rule, cmds in sbatch.items():
+        assert "runtime" in per_rule.get(rule, {}), f"profiles/slurm sets no runtime for {rule}"
+        minutes = humanfriendly.parse_timespan(per_rule[rule]["runtime"]) / 60
         for cmd in cmds:
             assert cmd.startswith("sbatch --parsable")
             assert " -A my_account " in cmd and " -p gpu " in cmd, cmd
             assert f"--comment rule_{rule}" in cmd
-            if rule in ("synth", "extract", "train", "bench_baseline", "bench"):
-                assert cmd.endswith(" --gpus=8"), cmd
-                assert "--cpus-per-gpu=12" in cmd and "--mem-per-cpu 8000" in cmd, cmd
-                assert "--ntasks" not in cmd
+            assert sbatch_flag(cmd, r" -t (\d+) ") == minutes, cmd
+            assert sbatch_flag(cmd, r"--nodes=(\d+)") == 1, cmd
+            assert sbatch_flag(cmd, r"--mem-per-cpu (\d+)") == default["mem_mb_per_cpu"], cmd
+            if rule in gpu_rules:
+                assert sbatch_flag(cmd, r" --gpus=(\d+)$") == gpus[rule] == 8, cmd
+                assert sbatch_flag(cmd, r"--cpus-per-gpu=(\d+)") == default["cpus_per_gpu"]
+                assert "--ntasks" not in cmd and "--cpus-per-task" not in cmd, cmd
             else:
-                assert "--gpus" not in cmd and "--cpus-per-task=" in cmd, cmd
-    assert " -t 2880 " in sbatch["synth"][0]  # runtime "48h" from set-resources
-    assert " -t 30 " in sbatch["prompts_train"][0]
+                assert "--gpus" not in cmd, cmd
+                assert sbatch_flag(cmd, r"--cpus-per-task=(\d+)") == per_rule[rule]["cpus_per_task"]
+    # the stages the wall times were sized for (profiles/slurm/config.yaml says how)
+    assert sbatch_flag(sbatch["synth"][0], r" -t (\d+) ") == 48 * 60
+    assert sbatch_flag(sbatch["bench_baseline"][0], r" -t (\d+) ") == 24 * 60
 
 
 def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
