@@ -361,7 +361,7 @@ def test_slurm_profile_sizes_every_gpu_job(tmp_path, fake_model_dir):
                 assert sbatch_flag(cmd, r"--cpus-per-task=(\d+)") == per_rule[rule]["cpus_per_task"]
     # the stages the wall times were sized for (profiles/slurm/config.yaml says how)
     assert sbatch_flag(sbatch["synth"][0], r" -t (\d+) ") == 48 * 60
-    assert sbatch_flag(sbatch["bench_baseline"][0], r" -t (\d+) ") == 24 * 60
+    assert sbatch_flag(sbatch["bench_baseline"][0], r" -t (\d+) ") == 12 * 60
 
 
 def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
