@@ -2,7 +2,7 @@
 
     python3 lab/drafter_speed.py --configfile config/gpu-quality.yaml \\
         config/gpu-methods.yaml lab/configs/gpu_methods_2500.yaml \\
-        --wait 1800 --store-cache --out /tmp/w/bench/h200_drafter_speed.json
+        --wait 1500 --store-cache --out /tmp/w/bench/h200_drafter_speed.json
 
 For a run whose drafters are trained, or still training (``--wait``): one server for the
 baseline and one per method and k (``bench.num_speculative_tokens``) start side by side, each
