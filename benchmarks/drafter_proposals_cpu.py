@@ -3,7 +3,7 @@
     PYTHONPATH=src .venv/bin/python benchmarks/drafter_proposals_cpu.py \\
         --run /tmp/drafter-replay/gpu-methods-blocks/results/gpu-methods-blocks \\
         --drafter dflash --k 3 --set mtbench --n 12 \\
-        --out benchmarks/results/h200/gpu-methods-blocks/cpu_proposals.json
+        --out benchmarks/results/methods/gpu-methods-blocks_cpu_proposals.json
 
 The counters of a prompt set say only whether replay and served agree in sum. This serves the
 first ``--n`` prompts of a set one at a time on vLLM's offline engine with the drafter's

@@ -1,9 +1,9 @@
 """Is the drafter served as trained? Replay a finished run's baseline outputs through its drafters.
 
     .venv/bin/python benchmarks/drafter_replay.py --run results/methods \
-        --out benchmarks/results/drafter_replay_cpu.json
+        --out benchmarks/results/methods/drafter_replay_cpu.json
     .venv/bin/python benchmarks/drafter_replay.py --run results/methods --rows validation training \
-        --sets heldout --out benchmarks/results/drafter_replay_rows_cpu.json
+        --sets heldout --out benchmarks/results/methods/drafter_replay_rows_cpu.json
     .venv/bin/python benchmarks/drafter_replay.py --run results/X --methods dflash \
         --k dflash=3,15 --sets heldout --limit 8
 

@@ -2,12 +2,12 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/drafter_replay_cpu.py \\
         --configfile config/gpu-quality.yaml config/gpu-methods.yaml \\
-            benchmarks/configs/gpu_methods_blocks.yaml \\
-        --home benchmarks/results/h200/gpu-methods-blocks \\
+            lab/configs/gpu_methods_blocks.yaml \\
+        --home benchmarks/results/gpu_runs/gpu-methods-blocks \\
         --drafter dflash=/work/h200-drafters/results/gpu-methods-blocks/drafter/dflash \\
         --drafter dflash_b8=/work/h200-drafters/results/gpu-methods-blocks/drafter/dflash_b8 \\
         --k dflash=3,7,15 dflash_b8=3,7 --concurrency 8 \\
-        --out benchmarks/results/h200/gpu-methods-blocks/cpu_replay.json
+        --out benchmarks/results/methods/gpu-methods-blocks_cpu_replay.json
 
 What came home from a GPU run is its drafters (config.json, model.safetensors, metrics.json)
 and its stats, not its prompt files, baseline outputs or prepared rows. This rebuilds what the

@@ -19,13 +19,9 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 VOCAB = {4096: 128256, 7168: 163840}  # Llama-3-8B and Kimi-K2 vocabularies
 

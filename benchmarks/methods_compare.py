@@ -2,13 +2,14 @@
 
     .venv/bin/snakemake --cores all --configfile benchmarks/configs/methods_cpu.yaml
     .venv/bin/python benchmarks/methods_compare.py --run results/methods \
-        --out benchmarks/results/methods_cpu.json
+        --out benchmarks/results/methods/methods_cpu.json
 
 Reads what the pipeline wrote (`drafter/<method>/metrics.json`, `bench/<method>/metrics.json`,
 Snakemake's `benchmarks/train_<method>.tsv`), prints one table row per method, k and prompt set
 (tau measured and predicted, acceptance per position, tok/s, speedup against the shared
 baseline, outputs differing at T=0) and the training cost of each method, and writes them as
-JSON. It measures nothing itself: every figure is the pipeline's own.
+JSON. It measures nothing itself: every figure is the pipeline's own, the speedup with its
+spread over the bench rounds where the run measured in rounds.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ import argparse
 import csv
 import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline.fileio import read_json, write_json
 
@@ -66,6 +64,8 @@ def bench_rows(run: Path, method: str) -> list[dict]:
         "tokens_per_s",
         "baseline_tokens_per_s",
         "speedup",
+        "speedup_range",
+        "significance",
     )
     rows = []
     for r in b["runs"]:
@@ -82,6 +82,15 @@ def fmt(v, digits: int = 3) -> str:
     if isinstance(v, list):
         return " / ".join(fmt(x, 2) for x in v)
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def spread(row: dict) -> str:
+    """The speedup's min-max over the bench rounds, or what stands in for it (a run measured
+    before the bench stage took rounds has neither: one run)."""
+    if row.get("speedup_range") is None:
+        return "one run"
+    lo, hi = row["speedup_range"]
+    return f"{lo:.2f}-{hi:.2f} ({row['significance']})"
 
 
 def main() -> None:
@@ -114,15 +123,15 @@ def main() -> None:
     print()
     print(
         "| method | prompt set | k | τ measured | τ predicted | acceptance per position | "
-        "tok/s | tok/s baseline | speedup | outputs differing (T=0) |"
+        "tok/s | tok/s baseline | speedup | spread | outputs differing (T=0) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bench"]:
         print(
             f"| {r['method']} | {r['prompt_set']} | {r['k']} | {fmt(r['acceptance_length'])} | "
             f"{fmt(r['predicted_acceptance_length'])} | {fmt(r['per_position'])} | "
             f"{fmt(r['tokens_per_s'], 1)} | {fmt(r['baseline_tokens_per_s'], 1)} | "
-            f"{fmt(r['speedup'], 2)} | {r['outputs_differing'] or '-'} |"
+            f"{fmt(r['speedup'], 2)} | {spread(r)} | {r['outputs_differing'] or '-'} |"
         )
     if args.out:
         write_json(args.out, result)

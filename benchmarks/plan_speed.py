@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Planning time must not grow with the number of samples or extraction shards.
 
-    python benchmarks/plan_speed.py [--repeats 5]
+    python benchmarks/plan_speed.py [--repeats 5] [--out plan_speed.json]
 
 Times `snakemake -n` (a dry run in a fresh temporary directory: parse, validate the config,
 build the DAG, print the plan) for 10 vs 10,000 training prompts and extract.jobs 1 vs 8,
@@ -25,6 +25,9 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_pipeline.fileio import write_json
+from eagle3_pipeline.provenance import package_versions
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -45,6 +48,7 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", help="write the medians and ratios as JSON here")
     args = ap.parse_args()
 
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
@@ -90,10 +94,12 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     worst = 0.0
+    rows = []
     for name, _ in cases:
         wall = statistics.median(w for w, _ in results[name])
         cpu = statistics.median(c for _, c in results[name])
         print(f"{name:<48} {wall:8.2f}s {cpu:7.2f}s {wall / ref_wall:6.2f}x {cpu / ref_cpu:5.2f}x")
+        rows.append({"command": name, "wall_s_median": wall, "cpu_s_median": cpu})
         if name != cases[0][0]:
             worst = max(worst, cpu / ref_cpu)
     small = statistics.median(c for _, c in results[cases[1][0]])
@@ -102,6 +108,19 @@ def main() -> None:
         f"\nlargest (n=10000, jobs=8) / smallest (n=10, jobs=1) dry run, CPU: {large / small:.2f}x"
     )
     print(f"worst dry run / snakemake --version, CPU: {worst:.2f}x (goal <= 1.5x)")
+    if args.out:
+        write_json(
+            args.out,
+            {
+                "repeats": args.repeats,
+                "cpus": os.cpu_count(),
+                "load_average_after": os.getloadavg()[0],
+                "rows": rows,
+                "largest_over_smallest_cpu": large / small,
+                "worst_over_version_cpu": worst,
+                "versions": package_versions(),
+            },
+        )
 
 
 if __name__ == "__main__":

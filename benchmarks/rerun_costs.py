@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What each change to a finished default run re-runs, and what the re-run costs.
 
-    python benchmarks/rerun_costs.py --work /tmp/rerun-costs \\
-        --out benchmarks/results/rerun_costs.json [--base <finished run dir>] [--rows ...]
+    PYTHONPATH=src:tests .venv/bin/python benchmarks/rerun_costs.py --work /tmp/rerun-costs \\
+        --out benchmarks/results/reruns/rerun_costs.json [--base <finished run dir>] [--rows ...]
 
 Runs the default config (config/config.yaml) once from scratch in ``<work>/base`` (or takes a
 finished run given by --base), then for every row of the README's "What re-runs when" table:
@@ -28,12 +28,14 @@ from pathlib import Path
 
 import yaml
 
+try:  # the changes and the plan reader are the tests' own (tests/test_workflow.py, smkcli.py)
+    from test_workflow import OPERATIONAL_CHANGES, no_code_change
+
+    from smkcli import copy_repo, parse_jobs
+except ImportError as e:
+    raise SystemExit(f"{e}: run this with PYTHONPATH=src:tests (it uses the tests' helpers)") from e
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from test_workflow import OPERATIONAL_CHANGES, no_code_change
-
-from smkcli import copy_repo, parse_jobs
-
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 DATA = REPO / "benchmarks" / "data"
@@ -226,7 +228,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="scratch directory (several GB)")
     ap.add_argument("--base", type=Path, help="a finished default run's working directory")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/rerun_costs.json")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/reruns/rerun_costs.json")
     ap.add_argument("--rows", nargs="*", help="only these rows (default: all)")
     args = ap.parse_args()
 

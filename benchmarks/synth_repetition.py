@@ -1,7 +1,7 @@
 """How much of a synth run's answers repeat themselves (greedy loops of a small target).
 
     .venv/bin/python benchmarks/synth_repetition.py results/gpu-quality/synth/synth.jsonl.zst \
-        --out benchmarks/results/h200/gpu-quality/synth_repetition.json
+        --out benchmarks/results/quality_vs_data/synth_repetition_gpu_quality.json
 
 A drafter predicts a looping answer almost perfectly, so the share of completion tokens that
 continue an n-gram already seen earlier in the same answer bounds how much of a high
@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline.fileio import iter_jsonl
 

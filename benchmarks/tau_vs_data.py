@@ -15,17 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
 from eagle3_pipeline import bench, train
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline.bench.verdict import best_val
 from eagle3_pipeline.fileio import read_json, write_json
+from eagle3_pipeline.methods import method_train_config
 from eagle3_pipeline.runtime import setup_logging
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -52,18 +52,23 @@ def main() -> None:
     sets = {
         name: str(run / "prompts" / f"bench_{name}.jsonl") for name in cfg["bench"]["prompt_sets"]
     }
-    # EAGLE-3 drafters, against one baseline measured for all of them
+    # EAGLE-3 drafters, trained and measured as the run's train and bench jobs would: with
+    # bench.pairing alternate each drafter's rounds alternate with a baseline server beside it,
+    # with separate one baseline is measured for all of them
+    train_cfg = {**cfg["train"], **method_train_config(cfg["train"], "eagle3")}
     bench_cfg = {**cfg["bench"], "num_speculative_tokens": cfglib.speculative_tokens(cfg, "eagle3")}
-    baseline = out / "baseline.json"
-    bench.run_baseline(
-        run / "target/target.json",
-        sets,
-        baseline,
-        bench_cfg,
-        cfg["vllm"],
-        cache_dir=out / "bench_cache",
-        log_path=out / "log.txt",
-    )
+    baseline = None
+    if bench_cfg["pairing"] == "separate":
+        baseline = out / "baseline.json"
+        bench.run_baseline(
+            run / "target/target.json",
+            sets,
+            baseline,
+            bench_cfg,
+            cfg["vllm"],
+            cache_dir=out / "bench_cache",
+            log_path=out / "log.txt",
+        )
     curve_path = out / "curve.json"
     curve = read_json(curve_path) if curve_path.exists() else {"points": []}
     done = {p["samples"] for p in curve["points"]}
@@ -85,7 +90,7 @@ def main() -> None:
             drafter_dir=d / "drafter",
             metrics_out=d / "drafter/metrics.json",
             plot_out=d / "drafter/loss.png",
-            cfg=cfg["train"],
+            cfg=train_cfg,
             work_dir=d / "train_work",
             log_path=out / "log.txt",
         )
@@ -96,20 +101,20 @@ def main() -> None:
             run / "hidden_states/manifest.json",
             d / "drafter/metrics.json",
             sets,
-            baseline,
             d / "bench.json",
             bench_cfg,
             cfg["vllm"],
             cache_dir=d / "bench_cache",
+            baseline_json=baseline,
             log_path=out / "log.txt",
         )
         tokens = int(sum(full.select(range(n))["seq_len"]))
         point = {
             "samples": n,
             "tokens": tokens,
-            "epochs": cfg["train"]["epochs"],
+            "epochs": train_cfg["epochs"],
             "train_s": round(train_s),
-            "val": bench.best_val(metrics),
+            "val": best_val(metrics),
             "acceptance_length": {r["prompt_set"]: r["acceptance_length"] for r in b["runs"]},
             "per_position": {r["prompt_set"]: r["per_position"] for r in b["runs"]},
             "predicted": {r["prompt_set"]: r["predicted_acceptance_length"] for r in b["runs"]},

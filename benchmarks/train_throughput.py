@@ -24,7 +24,7 @@ memory; and ours/stock.
     python3 benchmarks/train_throughput.py --tiny --out tiny.json      # CPU smoke test
 
 Needs torch, transformers, numpy, safetensors, matplotlib and the wheels listed in
-benchmarks/fetch_gpu_wheels.sh (speculators, hs-connectors, datasets, ...). Steady-state
+lab/gpu/fetch_gpu_wheels.sh (speculators, hs-connectors, datasets, ...). Steady-state
 throughput is computed from the timestamps of logged steps (every --log-freq steps; the trainer
 synchronizes the GPU on those), so it is wall-clock throughput over the window.
 """
@@ -40,9 +40,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 SHAPES = {
     # Llama-3.1-8B-like verifier; 32K draft vocab; speculators' default training shape
@@ -118,12 +115,12 @@ def preflight() -> dict:
                 versions[mod] = None
                 continue
             raise SystemExit(
-                f"preflight: cannot import {mod}: {e!r} (see benchmarks/fetch_gpu_wheels.sh)"
+                f"preflight: cannot import {mod}: {e!r} (see lab/gpu/fetch_gpu_wheels.sh)"
             ) from e
     if int(versions["pyarrow"].split(".")[0]) < 24:
         raise SystemExit(
             f"preflight: datasets 5.1 needs pyarrow >= 24, found "
-            f"{versions['pyarrow']}: benchmarks/fetch_gpu_wheels.sh --with-pyarrow"
+            f"{versions['pyarrow']}: lab/gpu/fetch_gpu_wheels.sh --with-pyarrow"
         )
     import speculators.train.cli  # noqa: F401  (the whole trainer import chain)
     import torch

@@ -1,7 +1,7 @@
 """Throughput of the vocab stage's token counting: the loss-masked tokens of prepare's data set.
 
     .venv/bin/python benchmarks/vocab_count_throughput.py --tokens 20000000 \
-        --out benchmarks/results/vocab_count_throughput.json
+        --out benchmarks/results/efficiency/vocab_count_throughput.json
 
 Makes (once, then reuses, under /tmp) a synthetic synth.jsonl.zst shaped like the synth stage's
 output - prompts of 32-2048 and completions of 128-4096 tokens (log-uniform), ids drawn
@@ -23,13 +23,10 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from eagle3_pipeline import fileio, prepare, vocab
 

@@ -65,7 +65,7 @@ if [ "$MODE" = relock-gpu ]; then
   uv pip compile -q "$T/nodeps.in" "${TARGET[@]}" --no-deps --no-header --no-annotate -o "$T/nodeps.txt"
   { echo "# Pinned GPU environment (x86_64 Linux, CPython 3.12, CUDA 13): vLLM 0.26.0 + torch 2.11.0"
     echo "# + speculators + snakemake. Installed with --no-deps by scripts/setup.sh --gpu; the offline"
-    echo "# H200 bundle (benchmarks/gpu/build_bundle.sh) is this file less envs/h200-host.txt."
+    echo "# H200 bundle (lab/gpu/build_bundle.sh) is this file less envs/h200-host.txt."
     echo "# Generated from envs/gpu-lock.in by scripts/setup.sh --relock-gpu: do not edit."
     cat "$T/resolved.txt"
     echo "# Without their declared dependencies (heavy and unused: see NO_DEPS in scripts/setup.sh)"

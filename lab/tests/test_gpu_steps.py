@@ -1,0 +1,227 @@
+"""The GPU host's steps (lab/gpu/steps.sh) plan what they are meant to run.
+
+A lane of that plan is a Snakemake call in a shell function; a wrong word order there costs a
+whole host run (Snakemake's ``--resources`` once took the targets as resources and every train
+and bench lane failed in 3 s). Each step is called here as the host calls it, with ``SMK_FLAGS=-n``:
+a dry run of the methods configs on a copy of the workflow.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from smkcli import REPO, copy_repo, job_names, parse_jobs
+
+EAGLE3 = {"train[method=eagle3]", "bench[method=eagle3]"}
+DFLASH = {"train[method=dflash]", "bench[method=dflash]"}
+
+
+@pytest.fixture(scope="module")
+def host_copy(tmp_path_factory) -> Path:
+    root = copy_repo(tmp_path_factory.mktemp("host"))
+    (root / "lab" / "gpu").mkdir(parents=True)
+    shutil.copy2(REPO / "lab" / "gpu" / "steps.sh", root / "lab" / "gpu")
+    shutil.copy2(REPO / "lab" / "drafter_speed.py", root / "lab")
+    shutil.copytree(REPO / "lab" / "configs", root / "lab" / "configs")
+    return root
+
+
+SMALL = {
+    "METHODS_EXTRA": "lab/configs/gpu_methods_2500.yaml",
+    "METHODS_RUN": "gpu-methods-2500",
+}
+
+
+def call_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> str:
+    # the steps a lane waits for have finished
+    (tmp_path / "status.log").write_text("m_data ok 1 s\nm_baseline ok 1 s\n")
+    env = {
+        **os.environ,
+        "W": str(tmp_path),
+        "SMK_FLAGS": "-n",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(root / "src"),
+        **(env or {}),
+    }
+    proc = subprocess.run(
+        ["bash", "-c", f"source lab/gpu/steps.sh && {step}"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def run_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> set[str]:
+    return set(job_names(parse_jobs(call_step(root, tmp_path, step, env))))
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        (
+            "m_data",
+            {"synth", "extract_gather", "vocab", "prompts_bench[name=mtbench]"},
+            {"bench_baseline"} | EAGLE3 | DFLASH,
+        ),
+        ("m_train_eagle3", {"train[method=eagle3]"}, {"bench_baseline"} | DFLASH),
+        ("m_bench_eagle3", EAGLE3, DFLASH),
+        ("m_baseline", {"bench_baseline"}, EAGLE3 | DFLASH),
+        ("m_train_dflash", {"train[method=dflash]"}, {"bench_baseline"} | EAGLE3),
+        ("m_bench_dflash", DFLASH, EAGLE3),
+        ("m_report", {"report"} | EAGLE3 | DFLASH, set()),
+    ],
+)
+def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, not_planned):
+    jobs = run_step(host_copy, tmp_path, step)
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        ("m_data", {"synth", "extract_gather", "vocab"}, {"bench_baseline"} | EAGLE3 | DFLASH),
+        ("m_train_eagle3", {"train[method=eagle3]"}, {"bench_baseline"} | DFLASH),
+        ("m_train_dflash", {"train[method=dflash]"}, {"bench_baseline"} | EAGLE3),
+    ],
+)
+def test_a_run_named_by_an_extra_config_file(host_copy, tmp_path, step, planned, not_planned):
+    """METHODS_EXTRA/METHODS_RUN: the 2,500-sample run, its own results directory."""
+    out = call_step(host_copy, tmp_path, step, SMALL)
+    jobs = set(job_names(parse_jobs(out)))
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+    assert "results/gpu-methods-2500/" in out and "results/gpu-methods/" not in out
+
+
+def test_the_speed_step_plans_every_server_of_the_run(host_copy, tmp_path):
+    out = call_step(host_copy, tmp_path, "m_speed", {**SMALL, "SPEED_FLAGS": "--plan"})
+    servers = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert list(servers)[:4] == ["baseline", "eagle3-k3", "dflash-k3", "dflash-k15"]
+    assert servers["dflash-k15"][0] == "results/gpu-methods-2500/drafter/dflash"
+    assert servers["prompt"] == ["sets:", "mtbench", "humaneval", "heldout"]
+    # the four servers fit on the GPU beside two trainings
+    assert " ".join(servers["vllm"]) == '["--gpu-memory-utilization", "0.12"]'
+
+
+BLOCKS = {
+    "METHODS_EXTRA": "lab/configs/gpu_methods_blocks.yaml",
+    "METHODS_RUN": "gpu-methods-blocks",
+}
+B8 = {"train[method=dflash_b8]", "bench[method=dflash_b8]"}
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        ("m_train_eagle3", {"train[method=eagle3]"}, DFLASH | B8),
+        ("m_train_dflash", {"train[method=dflash]"}, EAGLE3 | B8),  # (under nice)
+        ("m_train_dflash_b8", {"train[method=dflash_b8]"}, EAGLE3 | DFLASH),
+        ("m_report", {"report"} | EAGLE3 | DFLASH | B8, set()),
+    ],
+)
+def test_the_block_size_run_trains_the_variant_in_a_lane_of_its_own(
+    host_copy, tmp_path, step, planned, not_planned
+):
+    """The block-size run: DFlash at block 16 and its block-8 variant beside EAGLE-3."""
+    out = call_step(host_copy, tmp_path, step, BLOCKS)
+    jobs = set(job_names(parse_jobs(out)))
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+    assert "results/gpu-methods-blocks/" in out
+
+
+def test_the_speed_step_of_the_block_size_run_serves_each_drafter_at_its_k(host_copy, tmp_path):
+    out = call_step(host_copy, tmp_path, "m_speed", {**BLOCKS, "SPEED_FLAGS": "--plan"})
+    servers = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert servers[:4] == ["baseline", "eagle3-k3", "dflash-k15", "dflash_b8-k7"]
+    assert "results/gpu-methods-blocks/drafter/dflash_b8" in out
+
+
+def test_a_server_whose_start_raises_is_reported_failed(tmp_path, monkeypatch):
+    """A starting thread's exception would vanish with the thread (on the H200 a lazy-import
+    race in transformers lost a server so, and the run still said ok): it is the server's error."""
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location(
+        "drafter_speed", REPO / "lab" / "drafter_speed.py"
+    )
+    speed = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "drafter_speed", speed)  # dataclasses look it up
+    spec.loader.exec_module(speed)
+    drafter = tmp_path / "drafter" / "dflash"
+    drafter.mkdir(parents=True)
+    (drafter / "metrics.json").write_text("{}")  # trained, but no config.json: check() raises
+    servers = [speed.Server("dflash", k, {}, drafter_dir=drafter) for k in (3, 15)]
+    deadline = time.monotonic() + 30
+    with speed.Starter(servers, {}, {}, {}, tmp_path, deadline, stagger_s=0) as starter:
+        starter.wait_all()
+    assert all(s.server is None and s.error for s in servers), [s.error for s in servers]
+    assert all("config.json" in s.error for s in servers), [s.error for s in servers]
+
+
+def load_script(name: str, path: Path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_slim_drafter_comes_home_in_parts_and_gets_its_embeddings_back(tmp_path, monkeypatch):
+    """A drafter packed without its frozen embeddings (pack_results --slim) is put back
+    byte for byte from the target; a target whose embeddings differ is refused."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    gpu = REPO / "lab" / "gpu"
+    pack = load_script("pack_results", gpu / "pack_results.py", monkeypatch)
+    host = tmp_path / "host"
+    drafter = host / "repo" / "results" / "r" / "drafter" / "eagle3"
+    drafter.mkdir(parents=True)
+    embed = torch.randn(4096, 64).to(torch.bfloat16)  # 512 KiB
+    weights = {"embed_tokens.weight": embed, "fc.weight": torch.randn(64, 192)}  # 48 KiB
+    save_file(weights, drafter / "model.safetensors")
+    (drafter / "config.json").write_text('{"embed_requires_grad": false}')
+    (host / "repo" / "results" / "r" / "drafter" / "dflash").mkdir()
+    monkeypatch.setattr(pack, "LIMIT", 16 << 10)  # parts of 16 KiB: several
+    (tmp_path / "out").mkdir()
+    pack.main(str(host), str(tmp_path / "out" / "results.tar.xz"), [], ["r:eagle3"], slim=True)
+    parts = sorted((tmp_path / "out").glob("r-drafters-eagle3.tar.part*"))
+    assert len(parts) > 1
+    assert sum(p.stat().st_size for p in parts) < embed.numel() * 2  # the embeddings stayed
+
+    model = tmp_path / "target"
+    model.mkdir()
+    save_file({"model.embed_tokens.weight": embed.float()}, model / "model.safetensors")
+    unpack = [sys.executable, str(gpu / "unpack_drafters.py"), *map(str, parts)]
+    home = tmp_path / "home"
+    subprocess.run([*unpack, "--into", str(home), "--target-model", str(model)], check=True)
+    back = load_file(home / "results" / "r" / "drafter" / "eagle3" / "model.safetensors")
+    assert torch.equal(back["embed_tokens.weight"], embed)
+    assert torch.equal(back["fc.weight"], weights["fc.weight"])
+    assert not list(home.rglob("*.embed.json"))
+
+    save_file({"model.embed_tokens.weight": embed.float() + 1}, model / "model.safetensors")
+    other = subprocess.run(
+        [*unpack, "--into", str(tmp_path / "h2"), "--target-model", str(model)],
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode != 0 and "is not the one this drafter was trained with" in other.stderr
