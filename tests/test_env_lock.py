@@ -18,7 +18,7 @@ from smkcli import REPO
 LOCK = REPO / "envs" / "gpu-lock.txt"
 HOST = REPO / "envs" / "h200-host.txt"
 # `pip list` of the H200 host the DAG ran on, with the bundle installed
-H200_PIP_LIST = REPO / "benchmarks" / "results" / "h200" / "host" / "host_pip_list.txt"
+H200_PIP_LIST = REPO / "benchmarks" / "results" / "gpu_runs" / "host" / "host_pip_list.txt"
 
 
 def pins(path) -> dict[str, str]:
