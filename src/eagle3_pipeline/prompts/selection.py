@@ -1,0 +1,198 @@
+"""Which rows of a source become prompts: filtering (malformed, empty, over-length), dedupe,
+the bad-fraction check, seeded sampling, and the held-out split of the training pool."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from ..config import source_name
+from ..fileio import sha256_bytes
+from .rows import Malformed, dedupe_key, normalize_row, problem, user_turn_prefixes
+from .sources import read_source
+
+# the package's logger: a job's log reads as before the package was split into modules
+log = logging.getLogger(__package__)
+
+BAD_REASONS = ("malformed", "empty", "over_length")
+SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
+
+
+def new_counts() -> dict[str, Any]:
+    return {
+        "rows_read": 0,
+        "kept": 0,
+        "skipped": {r: 0 for r in BAD_REASONS},
+        "malformed_detail": {},
+        "duplicates": 0,
+    }
+
+
+def filter_rows(
+    kind: str,
+    raws: Iterable[Any],
+    name: str,
+    max_chars: int,
+    multi_turn: bool = False,
+    max_turns: int = 6,
+    counts: dict | None = None,
+    each_turn: bool = False,
+) -> tuple[list[dict], dict]:
+    """Normalize, filter and dedupe raw rows into output rows (file order) and counts.
+
+    With ``each_turn`` a raw row yields one sample per user turn (``kept`` counts samples)."""
+    counts = new_counts() if counts is None else counts
+    detail: Counter = Counter()
+    prefix = kind if name == kind else f"{kind}:{name}"
+    rows: list[dict] = []
+    seen: set[bytes] = set()
+    ids: set[str] = set()
+    for index, raw in enumerate(raws):
+        counts["rows_read"] += 1
+        try:
+            rid, messages, extra = normalize_row(
+                kind, raw, index, multi_turn or each_turn, max_turns
+            )
+        except Malformed as e:
+            counts["skipped"]["malformed"] += 1
+            detail[str(e)] += 1
+            continue
+        samples = (
+            [(f"{rid}.t{k}", p) for k, p in enumerate(user_turn_prefixes(messages), 1)]
+            if each_turn
+            else [(rid, messages)]
+        )
+        for sid, sample in samples:
+            reason = problem(sample, max_chars)
+            if reason:
+                counts["skipped"][reason] += 1
+                continue
+            key = dedupe_key(sample)
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            if sid in ids:
+                counts["skipped"]["malformed"] += 1
+                detail["duplicate id"] += 1
+                continue
+            seen.add(key)
+            ids.add(sid)
+            rows.append({"id": f"{prefix}:{sid}", "source": name, "messages": sample, **extra})
+    counts["kept"] = len(rows)
+    # Samples judged (one per raw row, or one per user turn with each_turn): the base of the
+    # bad fraction.
+    counts["candidates"] = len(rows) + counts["duplicates"] + sum(counts["skipped"].values())
+    counts["malformed_detail"] = dict(detail.most_common())
+    return rows, counts
+
+
+def source_offset(split: str, name: str) -> int:
+    """A stable per-source seed offset (does not depend on the order of sources)."""
+    return int(sha256_bytes(f"{split}/{name}".encode())[:8], 16)
+
+
+def select(rows: list[dict], n: int | None, seed: int) -> list[dict]:
+    """``n`` rows sampled with ``random.Random(seed)``, in their original order (all if n is
+    None or not smaller than the pool)."""
+    if n is None or n >= len(rows):
+        return list(rows)
+    picked = random.Random(seed).sample(range(len(rows)), n)
+    return [rows[i] for i in sorted(picked)]
+
+
+def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> float:
+    """The bad fraction of a source; ValueError above ``max_bad_fraction``."""
+    bad = sum(counts["skipped"].values())
+    read = counts.get("candidates", counts["rows_read"])
+    frac = bad / read if read else 0.0
+    if frac > max_bad_fraction:
+        reasons = ", ".join(f"{r} {counts['skipped'][r]}" for r in BAD_REASONS)
+        top = "; ".join(f"{k}: {v}" for k, v in list(counts["malformed_detail"].items())[:4])
+        raise ValueError(
+            f"prompt source {where}: {bad} of {read} samples are bad ({frac:.1%}; {reasons}"
+            + (f"; malformed: {top}" if top else "")
+            + f"), more than "
+            f"`prompts.max_bad_fraction` = {max_bad_fraction}. Fix the data, raise "
+            "`prompts.max_bad_fraction`, or raise `prompts.max_chars` if most are over-length"
+        )
+    return frac
+
+
+def collect(
+    spec: dict, split: str, seed: int, max_chars: int, max_bad_fraction: float
+) -> tuple[list[dict], dict]:
+    """Read, filter, dedupe and sample one source; return its rows and stats."""
+    spec = {**SOURCE_DEFAULTS, **spec}
+    kind, name = spec["source"], source_name(spec)
+    where = f"{split}/{name}"
+    if (spec["multi_turn"] or spec["each_turn"]) and kind not in ("sharegpt", "file"):
+        raise ValueError(
+            f"prompt source {where}: multi_turn and each_turn are only for sharegpt and file "
+            "sources (the later turns of a benchmark need the model's answers)"
+        )
+    t0 = time.monotonic()
+    raws, info = read_source(spec)
+    rows, counts = filter_rows(
+        kind,
+        raws,
+        name,
+        max_chars,
+        spec["multi_turn"],
+        spec["max_turns"],
+        each_turn=spec["each_turn"],
+    )
+    if counts["rows_read"] == 0:
+        raise ValueError(f"prompt source {where}: {info['path']} has no rows")
+    stats = {"source": kind, "name": name, **info, **counts}
+    stats["bad_fraction"] = round(check_bad_fraction(counts, where, max_bad_fraction), 6)
+    picked = select(rows, spec["n"], seed + source_offset(split, name))
+    stats["requested"] = spec["n"]
+    stats["sampled"] = len(picked)
+    stats["seconds"] = round(time.monotonic() - t0, 3)
+    if spec["n"] is not None and len(picked) < spec["n"]:
+        log.warning(
+            "prompt source %s: asked for %d prompts, only %d usable", where, spec["n"], len(picked)
+        )
+    if info.get("truncated_tail"):
+        log.info(
+            "prompt source %s: input ends in a truncated record (%d characters at offset "
+            "%d), ignored",
+            where,
+            info["truncated_tail"]["chars"],
+            info["truncated_tail"]["offset"],
+        )
+    log.info(
+        "prompt source %s: %d rows read, %d bad (%s), %d duplicates, %d usable, %d sampled (%.1fs)",
+        where,
+        counts["rows_read"],
+        sum(counts["skipped"].values()),
+        ", ".join(f"{k} {v}" for k, v in counts["skipped"].items()),
+        counts["duplicates"],
+        counts["kept"],
+        len(picked),
+        stats["seconds"],
+    )
+    return picked, stats
+
+
+def split_heldout(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """``(training rows, held-out rows)``: the ``n`` rows whose seeded hash of their id is
+    smallest are held out, both lists in pool order. A row is held out or not by its own id,
+    so adding or removing other prompts does not reshuffle which ones are held out."""
+    if n == 0:
+        return rows, []
+    if n >= len(rows):
+        raise ValueError(
+            f"config key `prompts.heldout`: {n} held-out prompts leave none of the "
+            f"{len(rows)} prompts of the training pool to train on; lower it or add prompts"
+        )
+    rank = sorted(range(len(rows)), key=lambda i: sha256_bytes(f"{seed}/{rows[i]['id']}".encode()))
+    held = set(rank[:n])
+    return (
+        [r for i, r in enumerate(rows) if i not in held],
+        [r for i, r in enumerate(rows) if i in held],
+    )

@@ -1,0 +1,140 @@
+"""The prompts stage: write the training pool (with the held-out benchmark set taken out of it)
+or one benchmark set, with its stats."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from ..config import HELDOUT_SET, source_name
+from ..fileio import write_json, write_jsonl
+from ..provenance import provenance
+from .rows import validate_row
+from .selection import BAD_REASONS, collect, new_counts, split_heldout
+
+# the package's logger: a job's log reads as before the package was split into modules
+log = logging.getLogger(__package__)
+
+DEFAULTS = {"seed": 0, "max_chars": 8000, "max_bad_fraction": 0.5}
+
+
+def _totals(per_source: dict[str, dict]) -> dict:
+    tot = {
+        "rows_read": 0,
+        "kept": 0,
+        "skipped": {r: 0 for r in BAD_REASONS},
+        "duplicates": 0,
+        "sampled": 0,
+    }
+    for st in per_source.values():
+        for k in ("rows_read", "kept", "duplicates", "sampled"):
+            tot[k] += st[k]
+        for r in BAD_REASONS:
+            tot["skipped"][r] += st["skipped"][r]
+    held = sum(st.get("heldout", 0) for st in per_source.values())
+    if held:
+        tot["heldout"] = held  # sampled, then taken out of the training pool
+    return tot
+
+
+def _collect_split(specs: list[dict], split: str, params: dict) -> tuple[dict, dict]:
+    rows_by_name: dict[str, list[dict]] = {}
+    stats: dict[str, dict] = {}
+    for i, spec in enumerate(specs):
+        name = source_name(spec)
+        if name in stats:
+            raise ValueError(
+                f"config key `prompts.{split}[{i}]`: two sources are called "
+                f"{name!r}; give them different `name`s"
+            )
+        rows_by_name[name], stats[name] = collect(
+            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"]
+        )
+    return rows_by_name, stats
+
+
+def _write_split(
+    split: str, params: dict, rows_by_name: dict, stats: dict, out: str | Path, stats_out, t0
+) -> dict:
+    """Write one output file (the training pool or one benchmark set) and its stats."""
+    rows = [row for part in rows_by_name.values() for row in part]
+    if not rows:
+        raise ValueError(f"no {split} prompts: every `prompts.{split}` source gave 0 rows")
+    ids = [r["id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids are not unique")  # guarded above; never expected
+    for r in rows:
+        validate_row(r)
+    written = write_jsonl(out, rows)
+    result = {
+        split: stats,
+        "totals": _totals(stats),
+        "output": {"path": str(out), "rows": written},
+        "seconds": round(time.monotonic() - t0, 3),
+        "provenance": provenance(params),
+    }
+    write_json(stats_out, result)
+    log.info("prompts: %d %s prompts in %s (%.1fs)", written, split, out, result["seconds"])
+    return result
+
+
+def build_train(
+    params: dict,
+    train_out: str | Path,
+    stats_out: str | Path,
+    heldout_out: str | Path | None = None,
+    heldout_stats_out: str | Path | None = None,
+) -> dict:
+    """Write the training pool of every ``prompts.train`` source and its stats; return them.
+
+    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing keys;
+    ``heldout`` is 0 unless given). With ``heldout: N`` > 0, N prompts of the pool
+    (:func:`split_heldout`) are never trained on: they are written to ``heldout_out`` as the
+    benchmark set :data:`HELDOUT_SET`, where the acceptance predicted by validation applies.
+    """
+    params = {**DEFAULTS, **params}
+    n_heldout = int(params.get("heldout") or 0)
+    if n_heldout and heldout_out is None:
+        raise ValueError("prompts.heldout > 0 needs a path for the held-out benchmark set")
+    t0 = time.monotonic()
+    rows_by_name, stats = _collect_split(params["train"], "train", params)
+    pool = [row for part in rows_by_name.values() for row in part]
+    train_rows, held = split_heldout(pool, n_heldout, params["seed"])
+    if held:
+        held_ids = {r["id"] for r in held}
+        for name, part in rows_by_name.items():
+            rows_by_name[name] = [r for r in part if r["id"] not in held_ids]
+            stats[name]["heldout"] = len(part) - len(rows_by_name[name])
+        heldout_stats = {
+            **new_counts(),
+            "source": HELDOUT_SET,
+            "name": HELDOUT_SET,
+            "rows_read": len(pool),
+            "kept": len(pool),
+            "sampled": len(held),
+            "from_sources": {name: st["heldout"] for name, st in stats.items()},
+        }
+        _write_split(
+            "bench",
+            params,
+            {HELDOUT_SET: held},
+            {HELDOUT_SET: heldout_stats},
+            heldout_out,
+            heldout_stats_out,
+            t0,
+        )
+    result = _write_split("train", params, rows_by_name, stats, train_out, stats_out, t0)
+    log.info(
+        "prompts: %d training prompts, %d held out for benchmarking", len(train_rows), len(held)
+    )
+    return result
+
+
+def build_bench(params: dict, spec: dict, out: str | Path, stats_out: str | Path) -> dict:
+    """Write one benchmark prompt set, defined by ``spec`` (an entry of ``prompts.bench``),
+    and its stats; return the stats. ``params`` gives seed, max_chars and max_bad_fraction."""
+    params = {**DEFAULTS, **params, "bench": [spec]}
+    t0 = time.monotonic()
+    rows, stats = _collect_split([spec], "bench", params)
+    return _write_split("bench", params, rows, stats, out, stats_out, t0)
