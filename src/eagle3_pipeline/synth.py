@@ -38,7 +38,8 @@ from .fileio import (
 )
 from .provenance import provenance
 from .runtime import Progress, for_each
-from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_for_target
+from .server import Endpoint, ServerError, VllmServer, external_endpoint
+from .serving import spec_for_target
 from .stats import percentiles
 from .target import load_info
 

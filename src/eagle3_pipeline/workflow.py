@@ -54,6 +54,7 @@ MODULE_ROLES = {
     "runtime": INFRASTRUCTURE,
     "server": INFRASTRUCTURE,
     "server_guard": INFRASTRUCTURE,
+    "serving": LOGIC,
     "shards": LOGIC,
     "stats": LOGIC,
     "synth": LOGIC,

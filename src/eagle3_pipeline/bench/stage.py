@@ -25,7 +25,8 @@ from ..config import bench_rounds
 from ..fileio import read_json, sha256_file, write_json
 from ..method_results import predicted_acceptance_length, shorter_block_notes
 from ..provenance import provenance
-from ..server import ServerError, VllmServer, spec_for_target
+from ..server import ServerError, VllmServer
+from ..serving import spec_for_target
 from ..stats import median
 from ..target import load_info
 from .cache import baseline_key, drafter_key, measure_cached
