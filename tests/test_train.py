@@ -23,7 +23,6 @@ from eagle3_pipeline.train import checkpoints, launcher, metrics, stage, trainer
 from eagle3_pipeline.train.fingerprint import fingerprint, prepare_work_dir
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_fixtures import EPOCHS, _records, trainer_args_of
 

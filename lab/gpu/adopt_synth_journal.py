@@ -1,6 +1,7 @@
 """Adopt a synth journal carried from an earlier host session, so that its answers are reused.
 
-    python3 lab/gpu/adopt_synth_journal.py --configfile config/gpu-quality.yaml [more.yaml]
+    PYTHONPATH=src python3 lab/gpu/adopt_synth_journal.py \\
+        --configfile config/gpu-quality.yaml [more.yaml]
 
 Run after the target and prompts_train jobs of that config, with the carried journal in
 ``results/<run>/synth/.partial/journal.jsonl``. The synth stage discards a journal whose
@@ -18,13 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import synth

@@ -18,7 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# run as a script, its own directory is first on the import path
 from pack_results import EMBED, tensor_sha256
 
 

@@ -27,7 +27,7 @@ def with_package_on_path(env: dict[str, str]) -> dict[str, str]:
 
     Child processes run this package's own modules (this guard, the training entry point,
     vLLM's connector module): they must import it even where it is not installed, e.g. a
-    checkout used through ``sys.path`` on an offline GPU host.
+    checkout used through PYTHONPATH on an offline GPU host.
     """
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
