@@ -1,5 +1,6 @@
 """Every relative link in the user documentation resolves: the file exists, and a `#anchor`
-names a heading of the file it points into (as GitHub makes anchors from headings)."""
+names a heading of the file it points into (as GitHub makes anchors from headings). README.md
+and docs/ say nothing about how the project was made."""
 
 from __future__ import annotations
 
@@ -101,3 +102,36 @@ def test_the_anchor_rule_follows_github():
     assert "the-bench-stages-rounds" in anchors(doc)  # "The bench stage's rounds"
     assert "hidden_statesmanifestjson" in anchors(doc)  # "hidden_states/manifest.json"
     assert "1-environment" in anchors(REPO / "docs" / "cluster.md")  # "1. Environment"
+
+
+# Words about how the project was made, not about what it does: the user documentation
+# (README.md, docs/) has none. The pattern is that of
+# `grep -riE "session|lease|lent |brought home|the issue" README.md docs/`, so it also
+# finds "release" or "equivalent ": reword those too, the grep is then clean.
+MAKING_OF = re.compile(r"session|lease|lent |brought home|the issue|\bbudget", re.IGNORECASE)
+USER_DOCS = sorted([REPO / "README.md", *REPO.glob("docs/*.md")])
+
+
+def making_of(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if MAKING_OF.search(line)]
+
+
+def test_the_user_docs_say_nothing_about_how_the_project_was_made():
+    assert len(USER_DOCS) > 5
+    found = {
+        str(p.relative_to(REPO)): hits for p in USER_DOCS if (hits := making_of(p.read_text()))
+    }
+    assert found == {}, found
+
+
+def test_the_making_of_pattern_finds_its_words():
+    lines = [
+        "Measured in the GPU session of 3 December.",
+        "The device Lease ran out.",
+        "A machine lent for an hour.",
+        "Drafters brought home from the host.",
+        "As the issue asked.",
+        "Within the time budget.",
+    ]
+    assert making_of("\n".join(lines)) == lines
+    assert making_of("The drafter is served by vLLM.\nAn issue tracker.") == []
