@@ -40,6 +40,7 @@ if os.getenv("SLURM_JOB_ID"):
     )
 
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.target import defining_files
 from eagle3_pipeline.workflow import code_hash, logic_modules
 
@@ -49,6 +50,12 @@ except cfglib.ConfigError as err:
     raise WorkflowError(str(err)) from None
 
 RUN = cfglib.run_dir(config)
+
+# The plan (docs/plan.md): printed whenever the workflow is planned in the main process, dry
+# runs included; its problems stop a real run in onstart, before the first job.
+PLAN = planlib.make_plan(config, RUN) if workflow.is_main_process else None
+if PLAN is not None:
+    print(planlib.format_plan(PLAN), file=sys.stderr)
 
 
 wildcard_constraints:
@@ -185,6 +192,16 @@ if workflow.is_main_process and global_gpus() is not None:
 
 
 onstart:
+    # A real run only (a dry run does not start): the plan's problems stop it before any job,
+    # unless plan.allow lists them; its plan is kept beside the results.
+    if PLAN is not None and not workflow.touch:
+        _refused = planlib.refusals(PLAN, config)
+        if _refused:
+            raise WorkflowError(
+                "The plan refuses this run (nothing has started):\n  - "
+                + "\n  - ".join(_refused)
+            )
+        planlib.write(PLAN, out("plan.json"))
     # Local runs only: on a cluster each job gets its own GPUs from the scheduler.
     if workflow.local_exec and global_gpus() is None and any(gpus(s) for s in GPU_STAGES):
         print(

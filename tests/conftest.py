@@ -47,6 +47,28 @@ def target_dir(target_json) -> Path:
     return Path(load_info(target_json)["model_path"])
 
 
+MODELS = REPO / "tests" / "data" / "models"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="session")
+def stand_in_model(target_dir, tmp_path_factory):
+    """``stand_in_model(name)``: a model directory without weights, assembled in a temporary
+    directory from tests/data/models/<name> (a published config.json) and the packaged
+    model's tokenizer files, so no tokenizer is stored twice in the repository."""
+
+    def make(name: str) -> Path:
+        d = tmp_path_factory.mktemp(name)
+        for f in (MODELS / name).iterdir():
+            shutil.copy(f, d / f.name)
+        for name_ in TOKENIZER_FILES:
+            if (target_dir / name_).is_file():
+                shutil.copy(target_dir / name_, d / name_)
+        return d
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tokenizer(target_dir):
     from transformers import AutoTokenizer

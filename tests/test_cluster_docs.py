@@ -1,9 +1,10 @@
 """The command lines docs/cluster.md gives for GPU nodes and Slurm, run as written (read from the
 page itself) as dry runs: each must plan, and the Slurm ones must submit what the page says.
 
-A command's model path is replaced by a stand-in directory: the Llama-3.1-8B one in
-tests/data/models (its published config.json, no weights), or a bare config.json for Kimi-K2.5.
-Nothing is submitted and no model is loaded.
+A command's model path that does not exist here is replaced by a stand-in directory
+(``stand_in_model``): the published config.json of Llama-3.1-8B or Kimi-K2.5 from
+tests/data/models with the packaged tokenizer, no weights. Nothing is submitted and no model is
+loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import pytest
 from smkcli import REPO, env_for, parse_jobs, snakemake
 
 DOC = REPO / "docs" / "cluster.md"
-LLAMA_DIR = REPO / "tests" / "data" / "models" / "llama-3.1-8b"
 TARGET = re.compile(r"^target=\{path: (.*)\}$")
 
 
@@ -57,21 +57,19 @@ def test_the_page_has_the_commands_of_each_setting():
 
 
 @pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory) -> Path:
-    """A stand-in for the Kimi-K2.5 weights: the config check wants a config.json."""
-    d = tmp_path_factory.mktemp("kimi")
-    (d / "config.json").write_text("{}")
-    return d
+def stand_ins(stand_in_model) -> dict[str, Path]:
+    """Stand-ins for the weights of the profiles' targets (the plan reads their config.json)."""
+    return {"llama": stand_in_model("llama-3.1-8b"), "kimi": stand_in_model("kimi-k2.5")}
 
 
-def as_test_args(command: str, kimi_dir: Path) -> list[str]:
+def as_test_args(command: str, stand_ins: dict[str, Path]) -> list[str]:
     """The command's arguments, with the model path replaced by a stand-in and the repository's
     relative paths made absolute (the test runs in its own working directory)."""
     args = shlex.split(command.replace("$PWD", str(REPO)))[1:]
     if args[0] == "scripts/slurm_preview.py":
         args = args[1:]
     config = args[args.index("--configfile") + 1] if "--configfile" in args else ""
-    stand_in = LLAMA_DIR if "llama" in config else kimi_dir
+    stand_in = stand_ins["llama"] if "llama" in config else stand_ins["kimi"]
     out, targets = [], 0
     for arg in args:
         m = TARGET.match(arg)
@@ -87,12 +85,15 @@ def as_test_args(command: str, kimi_dir: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("command", SNAKEMAKE_COMMANDS)
-def test_a_documented_command_plans(command, kimi_dir, tmp_path):
-    args = as_test_args(command, kimi_dir)
+def test_a_documented_command_plans(command, stand_ins, tmp_path):
+    args = as_test_args(command, stand_ins)
     if "-n" not in args:
         args.insert(0, "-n")
-    jobs = parse_jobs(snakemake(*args, workdir=tmp_path).output)
+    output = snakemake(*args, workdir=tmp_path).output
+    jobs = parse_jobs(output)
     assert {j.rule for j in jobs} >= {"synth", "extract", "train", "bench", "report"}, command
+    # the plan read the stand-in's config.json (docs/plan.md)
+    assert "layers            aux [" in output and "WARNING [target]" not in output, output
 
 
 def preview(args: list[str], workdir: Path) -> list[dict]:
@@ -105,9 +106,9 @@ def preview(args: list[str], workdir: Path) -> list[dict]:
     return json.loads(proc.stdout[proc.stdout.index("[") :])
 
 
-def test_the_preview_prints_the_lines_the_page_shows(kimi_dir, tmp_path):
+def test_the_preview_prints_the_lines_the_page_shows(stand_ins, tmp_path):
     (command,) = [c for c in PREVIEW_COMMANDS if "scripts/slurm_preview.py" in c]
-    calls = preview(as_test_args(command, kimi_dir), tmp_path)
+    calls = preview(as_test_args(command, stand_ins), tmp_path)
     shown = [line.strip()[4:] for line in DOC.read_text().splitlines() if "... --comment" in line]
     assert len(shown) == 5, shown
     for line in shown:
@@ -119,9 +120,9 @@ def test_the_preview_prints_the_lines_the_page_shows(kimi_dir, tmp_path):
 
 @pytest.mark.parametrize("command", [c for c in SNAKEMAKE_COMMANDS if "profiles/slurm" in c])
 def test_a_documented_slurm_run_submits_one_node_jobs_with_its_wall_times(
-    command, kimi_dir, tmp_path
+    command, stand_ins, tmp_path
 ):
-    args = as_test_args(command, kimi_dir)
+    args = as_test_args(command, stand_ins)
     calls = preview(args, tmp_path)
     wall_times = {}  # from --set-resources RULE:runtime=VALUE
     if "--set-resources" in args:

@@ -108,9 +108,9 @@ def test_resolve_layers_and_disk_estimate():
     # another method's layers are captured too (one extraction for every method)
     union = extract.resolve_layers({"layer_ids": None, "method_layer_ids": [1, 15, 20]}, arch)
     assert union == (default, [1, 2, 15, 20, 27], 30)
-    with pytest.raises(extract.ExtractError, match="out of range"):
+    with pytest.raises(extract.LayerIdError, match="out of range"):
         extract.resolve_layers({"layer_ids": [30]}, arch)
-    with pytest.raises(extract.ExtractError, match="out of range"):
+    with pytest.raises(extract.LayerIdError, match="out of range"):
         extract.resolve_layers({"layer_ids": None, "method_layer_ids": [31]}, arch)
     bf16 = extract.sample_bytes(1000, 4, 4096, "bf16")
     fp8 = extract.sample_bytes(1000, 4, 4096, "fp8")

@@ -131,7 +131,7 @@ def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
         "vocab": 0,
         "extract": 8,
         "extract_gather": 0,
-        "train": 0,
+        "train": 8,  # train.gpus: auto is the tensor-parallel size on GPUs
         "bench": 8,
         "report": 0,
         "all": 0,
@@ -437,7 +437,9 @@ OPERATIONAL_CHANGES = {
         "cpu_kvcache_gib": 3,
         "extra_args": ["--max-num-seqs", "16"],
         "env": {"VLLM_LOGGING_LEVEL": "DEBUG"},
+        "gpu_memory_gib": 80,
     },
+    "plan": {"allow": ["disk", "gpu_memory"]},
     "prompts": {"max_bad_fraction": 0.3},
     "synth": {
         "endpoint": "http://127.0.0.1:9/v1",

@@ -17,6 +17,7 @@ run_job(
         vllm_cfg=job_section(snakemake.config, p.config, "vllm"),
         log_path=log,
         synth_temperature=snakemake.config["synth"]["temperature"],
+        allow_low_disk="disk" in snakemake.config["plan"]["allow"],
     ),
     gpus_needed=stage_gpus(snakemake.config, "extract"),
 )

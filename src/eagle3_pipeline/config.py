@@ -105,9 +105,11 @@ def validate(config: dict) -> dict:
     problems = [
         p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in _problems(e)
     ]
+    explicit_cpu_training = (config.get("train") or {}).get("gpus") == 0
     if not problems:
         fill_defaults(config, str(SCHEMA_PATH), set_default=True)
-        problems = check_semantics(config)
+        problems = resolve_train_gpus(config, explicit_cpu_training)
+        problems += check_semantics(config)
     if problems:
         raise ConfigError(
             "Invalid configuration:\n  - "
@@ -115,6 +117,25 @@ def validate(config: dict) -> dict:
             + "\n(every key, its type and its default: config/schema.yaml)"
         )
     return sort_keys(config)
+
+
+def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
+    """``train.gpus: auto`` becomes the tensor-parallel size on GPUs and 0 on the CPU, so a GPU
+    target never trains on the CPU unnoticed; an explicit 0 beside vllm.device: cuda is a
+    problem unless ``plan.allow`` lists train_on_cpu (training a large drafter on the CPU takes
+    days)."""
+    train, vllm = cfg["train"], cfg["vllm"]
+    if train["gpus"] == "auto":
+        train["gpus"] = server_gpus(cfg)
+        return []
+    if explicit_zero and vllm["device"] == "cuda" and "train_on_cpu" not in cfg["plan"]["allow"]:
+        return [
+            "config key `train.gpus`: 0 trains the drafter on the CPU although vllm.device is "
+            f"'cuda'; set train.gpus: auto (= vllm.tensor_parallel_size, "
+            f"{vllm['tensor_parallel_size']}) or a GPU count, or add train_on_cpu to plan.allow "
+            "to train on the CPU anyway"
+        ]
+    return []
 
 
 def sort_keys(value: Any) -> Any:
@@ -550,6 +571,8 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "vllm.startup_timeout_s",
     "vllm.shutdown_grace_s",
     "vllm.cpu_kvcache_gib",
+    "vllm.gpu_memory_gib",
+    "plan.allow",
     "vllm.extra_args",
     "vllm.env",
     "prompts.max_bad_fraction",

@@ -27,6 +27,8 @@ import numpy as np
 from . import client as client_lib
 from . import shards
 from .fileio import AppendLog, read_json, sha256_bytes, stable_hash, write_json
+from .layers import LayerIdError, resolve_layers  # noqa: F401  (re-exported)
+from .plan import DiskBudgetError, check_disk, sample_bytes  # noqa: F401  (re-exported)
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import VllmServer
@@ -38,61 +40,13 @@ log = logging.getLogger(__name__)
 
 CONNECTOR = "PipelineHiddenStatesConnector"
 CONNECTOR_MODULE = "eagle3_pipeline.vllm_connector"
-BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
 
 
 class ExtractError(RuntimeError):
     pass
 
 
-class DiskBudgetError(ExtractError):
-    pass
-
-
 # ---- layers, sizes, fingerprints -----------------------------------------------------------
-
-
-def resolve_layers(cfg: dict, arch: dict) -> tuple[list[int], list[int], int]:
-    """(aux layer ids, captured aux layer ids, final layer id). The aux ids are
-    ``extract.layer_ids`` (or the target's default), the ones every drafter method without
-    layers of its own trains on; the captured ones add the layers other methods ask for
-    (``method_layer_ids``: one extraction serves them all). The final id N is the last
-    layer's output before the final norm; vLLM captures the ids in increasing order, so the
-    final one comes last."""
-    n = arch["num_layers"]
-    aux = list(cfg["layer_ids"] or arch["default_layer_ids"])
-    captured = sorted({*aux, *(cfg.get("method_layer_ids") or [])})
-    bad = [i for i in captured if not 0 <= i < n]
-    if bad:
-        raise ExtractError(
-            f"layer ids {bad} (extract.layer_ids, train.<method>.layer_ids) out of range: the "
-            f"target has {n} layers (valid ids 0..{n - 1}; the final layer {n} is added "
-            "automatically)"
-        )
-    return aux, captured, n
-
-
-def sample_bytes(tokens: int, num_layers: int, hidden: int, storage: str) -> int:
-    """Bytes of one sample file (tensor data plus a small safetensors header)."""
-    data = tokens * num_layers * hidden * BYTES_PER_VALUE[storage] + tokens * 8
-    if storage == "fp8":
-        data += tokens * 4  # per-token float32 scales
-    return data + 512
-
-
-def check_disk(root: Path, needed: int, margin: float) -> dict[str, Any]:
-    root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
-    info = {"estimated_bytes": needed, "free_bytes": free, "margin": margin}
-    if needed * margin > free:
-        raise DiskBudgetError(
-            f"hidden states need about {needed / 2**30:.1f} GiB (x{margin} margin = "
-            f"{needed * margin / 2**30:.1f} GiB) but {root} has {free / 2**30:.1f} GiB free. "
-            "Free space, point results_dir at a bigger disk, use extract.storage: fp8 "
-            "(half the size), or lower prepare.seq_length / the number of prompts."
-        )
-    log.info("disk: %.2f GiB needed, %.1f GiB free", needed / 2**30, free / 2**30)
-    return info
 
 
 def row_key(input_ids) -> str:
@@ -516,6 +470,7 @@ def run_part(
     vllm_cfg: dict,
     log_path=None,
     synth_temperature: float = 0.0,
+    allow_low_disk: bool = False,
 ) -> dict:
     from datasets import load_from_disk
 
@@ -565,6 +520,7 @@ def run_part(
             for i in todo
         ),
         cfg["disk_margin"],
+        allow=allow_low_disk,
     )
     staging = root / ".staging" / f"part_{part}"
     ex = None

@@ -40,8 +40,13 @@ MODULE_ROLES = {
     "fileio": INFRASTRUCTURE,
     "gpus": INFRASTRUCTURE,
     "hs_backend": LOGIC,
+    "layers": LOGIC,  # which layers extraction captures: decides what extract computes
     "method_results": LOGIC,
     "methods": LOGIC,
+    "model_shape": INFRASTRUCTURE,  # the plan's reading of config.json (no stage result)
+    # The plan printed and checked before any job, and the extract job's disk check: they
+    # decide whether a run starts, never what a stage computes.
+    "plan": INFRASTRUCTURE,
     "prepare": LOGIC,
     "prompts": LOGIC,
     "prompts.rows": LOGIC,
@@ -49,6 +54,7 @@ MODULE_ROLES = {
     "prompts.sources": LOGIC,
     "prompts.stage": LOGIC,
     "provenance": INFRASTRUCTURE,
+    "rates": INFRASTRUCTURE,  # the plan's stage time estimates
     "replay": LOGIC,
     "report": LOGIC,
     "runtime": INFRASTRUCTURE,
