@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import client as client_lib
+from . import reasoning
 from .config import RESULT_KEYS
 from .fileio import (
     AppendLog,
@@ -40,7 +41,7 @@ from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint, spec_for_target
 from .stats import percentiles
-from .target import load_info
+from .target import chat_template_text, load_info
 
 log = logging.getLogger(__name__)
 
@@ -247,61 +248,10 @@ def settled(entries: list[dict], prompts: list[dict], max_model_len: int) -> dic
     }
 
 
-# ---- the token-exact check --------------------------------------------------------------
+# ---- the token-exact check: eagle3_pipeline.reasoning ------------------------------------
 
-
-def render_ids(tokenizer, messages: list[dict], kwargs: dict, **extra) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs, **extra)
-    if hasattr(out, "keys"):  # BatchEncoding in transformers 5
-        out = out["input_ids"]
-    return list(out)
-
-
-def check_record(tokenizer, rec: dict, template_kwargs: dict) -> dict[str, Any] | None:
-    """Re-render prompt and answer with the chat template; None when the ids agree.
-
-    The assistant turn is re-rendered with its reasoning in ``reasoning_content`` so templates
-    re-wrap it in their thinking tokens; the stored ids must be a prefix of that rendering
-    (what follows the end-of-turn token, e.g. a newline, is not generated).
-    """
-    prompt = rec["prompt_token_ids"]
-    rendered_prompt = render_ids(
-        tokenizer, rec["messages"], template_kwargs, add_generation_prompt=True
-    )
-    if rendered_prompt != prompt:
-        return _mismatch(tokenizer, "prompt", rendered_prompt, prompt, rec["id"])
-    turn = {"role": "assistant", "content": rec["content"]}
-    if rec.get("reasoning"):
-        turn["reasoning_content"] = rec["reasoning"]
-    full = render_ids(tokenizer, rec["messages"] + [turn], template_kwargs)
-    produced = prompt + rec["completion_token_ids"]
-    if full[: len(produced)] != produced:
-        return _mismatch(tokenizer, "completion", full, produced, rec["id"])
-    return None
-
-
-def _mismatch(tokenizer, part: str, rendered: list[int], stored: list[int], rid: str) -> dict:
-    """Where rendering and stored ids part. ``kind`` tells the benign case (the same text,
-    tokenized differently: models often emit non-canonical BPE splits) from a real one (the
-    text differs, e.g. a stripped thinking wrapper)."""
-    pos = next(
-        (i for i, (a, b) in enumerate(zip(rendered, stored, strict=False)) if a != b),
-        min(len(rendered), len(stored)),
-    )
-    lo = max(0, pos - 8)
-    # The stored text must be a prefix of the rendering (which closes the turn); a length-cut
-    # answer may end inside a multi-byte character, which decodes to U+FFFD.
-    same_text = tokenizer.decode(rendered).startswith(tokenizer.decode(stored).rstrip("\ufffd"))
-    return {
-        "id": rid,
-        "part": part,
-        "kind": "tokenization" if same_text else "text",
-        "position": pos,
-        "rendered_len": len(rendered),
-        "stored_len": len(stored),
-        "rendered": tokenizer.decode(rendered[lo : pos + 8]),
-        "stored": tokenizer.decode(stored[lo : pos + 8]),
-    }
+check_record = reasoning.check_record
+render_ids = reasoning.render_ids
 
 
 # ---- the stage ----------------------------------------------------------------------------
@@ -388,6 +338,7 @@ def run(
         history,
         reused=len(done),
         server_started=bool(todo) and not cfg["endpoint"],
+        work_dir=work_dir,
     )
 
 
@@ -404,6 +355,7 @@ def finalize(
     history: list[dict],
     reused: int = 0,
     server_started: bool = False,
+    work_dir=None,
 ) -> dict:
     from transformers import AutoTokenizer
 
@@ -425,7 +377,13 @@ def finalize(
         target["model_path"], trust_remote_code=target.get("trust_remote_code")
     )
     kwargs = cfg.get("chat_template_kwargs") or {}
-    finish, mismatches, kinds, examples = Counter(), Counter(), Counter(), []
+    template = chat_template_text(target)
+    markers = (
+        reasoning.parser_markers(cfg["reasoning_parser"], tokenizer)
+        if cfg.get("reasoning_parser")
+        else None
+    )
+    finish, mismatches, kinds, causes, examples = Counter(), Counter(), Counter(), Counter(), []
     prompt_tokens = completion_tokens = with_reasoning = 0
     latencies = []
 
@@ -441,10 +399,12 @@ def finalize(
             completion_tokens += len(rec["completion_token_ids"])
             with_reasoning += bool(rec.get("reasoning"))
             latencies.append(rec["latency_s"])
-            problem = check_record(tokenizer, rec, kwargs)
+            problem = check_record(tokenizer, rec, kwargs, markers, template)
             if problem:
                 mismatches[problem["part"]] += 1
                 kinds[problem["kind"]] += 1
+                if problem["kind"] == "text":
+                    causes[problem.get("cause", problem["part"])] += 1
                 # Text mismatches first: they are the ones that matter.
                 if problem["kind"] == "text" and len(examples) >= 5:
                     examples[:] = [e for e in examples if e["kind"] == "text"][:4]
@@ -493,6 +453,9 @@ def finalize(
                 "text_mismatches": text_mismatches,
                 "tokenization_only": kinds["tokenization"],
                 "by_part": dict(mismatches),
+                "text_by_cause": dict(causes),
+                "markers": [markers.start, markers.end] if markers else None,
+                "chat_template": target.get("chat_template_file"),
                 "examples": examples,
             },
             "provenance": provenance(
@@ -501,10 +464,14 @@ def finalize(
         }
         if written and text_mismatches / written > cfg["max_template_mismatch_fraction"]:
             raise SynthError(
-                f"{text_mismatches} of {written} records differ in text from the re-rendered "
-                f"chat template (first: {examples[:1]}), more than "
-                f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}: "
-                "the server's chat template or reasoning handling differs from the tokenizer's"
+                check_failure(
+                    text_mismatches,
+                    written,
+                    dict(causes),
+                    examples,
+                    cfg,
+                    work_dir or "the work dir",
+                )
             )
     write_json(stats_out, stats)
     log.info(
@@ -517,3 +484,24 @@ def finalize(
         dict(finish),
     )
     return stats
+
+
+def check_failure(
+    failed: int, checked: int, causes: dict, examples: list, cfg: dict, work_dir
+) -> str:
+    """The message of a failed template check: what failed, its likely cause, and how to go on
+    without asking for the answers again."""
+    first = next((e for e in examples if e["kind"] == "text"), None)
+    return (
+        f"template check: {failed} of {checked} records differ in text from what their ids "
+        f"say (by cause: {causes}), more than "
+        f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}.\n"
+        f"Likely cause: {reasoning.explain(causes)}.\n"
+        f"First: {first}\n"
+        f"The answers are kept in {work_dir}/journal.jsonl: re-running the same command asks "
+        "for no answer again and repeats only this check. To accept the "
+        "records as they are (training uses their ids), set "
+        "synth.max_template_mismatch_fraction: 1.0 - it re-runs nothing else. Changing "
+        "synth.reasoning_parser, synth.chat_template_kwargs or target.chat_template asks for "
+        "every answer again."
+    )

@@ -44,6 +44,7 @@ MODULE_ROLES = {
     "methods": LOGIC,
     "prepare": LOGIC,
     "prompts": LOGIC,
+    "reasoning": LOGIC,
     "provenance": INFRASTRUCTURE,
     "replay": LOGIC,
     "report": LOGIC,
