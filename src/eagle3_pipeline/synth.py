@@ -2,8 +2,9 @@
 
 Each prompt becomes one chat request with ``return_token_ids``; the record keeps
 ``prompt_token_ids`` and ``completion_token_ids`` from the server, so training sequences are
-what the model saw by construction (thinking wrappers included). A check re-renders every
-conversation with the chat template and reports where text and ids disagree.
+what the model saw by construction (thinking wrappers included). A check
+(:mod:`eagle3_pipeline.reasoning`) reports records whose ids disagree with their messages and
+text; the job fails above ``synth.max_template_mismatch_fraction`` with the journal kept.
 
 Resume and reuse: every finished request is appended to a journal (``<work_dir>/journal.jsonl``)
 as it completes, under a key of its prompt (id and messages). A run answers only the prompts
