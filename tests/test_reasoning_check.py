@@ -229,7 +229,7 @@ def test_a_prompt_rendered_by_another_template_names_the_template(think_tokenize
 def test_the_failure_message_names_the_cause_and_how_to_go_on():
     cfg = {"max_template_mismatch_fraction": 0.02}
     example = {"kind": "text", "cause": "markers_missing", "id": "t:0"}
-    msg = synth.check_failure(
+    msg = reasoning.failure_message(
         30, 32, {"markers_missing": 30}, [example], cfg, "results/x/synth/.partial"
     )
     assert "synth.reasoning_parser" in msg and "parser" in msg.split("Likely cause:")[1]
@@ -256,3 +256,71 @@ def test_a_chat_template_override_is_served_and_part_of_the_targets_identity(tmp
         "4",
     ]
     assert target_lib.chat_template_text(target_lib.load_info(target_json)) is None
+
+
+def test_a_parser_the_check_cannot_use_fails_before_any_answer(target_json):
+    from eagle3_pipeline.target import load_info
+
+    target = load_info(target_json)
+    with pytest.raises(synth.SynthError, match=r"synth\.reasoning_parser='deepseek_r1'"):
+        synth.check_tools(target, {"reasoning_parser": "deepseek_r1"})
+    assert synth.check_tools(target, {"reasoning_parser": None})[1] is None
+
+
+def test_a_failed_check_keeps_the_answers_and_relaxing_it_asks_for_none(tmp_path, target_json):
+    """synth.run on a journal that already holds every answer (as after a failed check): the
+    check runs alone, fails with its cause, and passes with the threshold relaxed - without a
+    server (the endpoint is unreachable) and without asking for an answer again."""
+    import json
+
+    from eagle3_pipeline.config import validate
+    from eagle3_pipeline.fileio import iter_jsonl, write_jsonl_zst
+    from eagle3_pipeline.target import copy_chat_template, load_info
+
+    template_file = tmp_path / "r1.jinja"
+    template_file.write_text(R1_LIKE)
+    info = {
+        **load_info(target_json),
+        **copy_chat_template({"chat_template": str(template_file)}, tmp_path),
+    }
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(info))
+    tok = tokenizer_of(info)
+    prompts = [{"id": f"t:{i}", "messages": HISTORY} for i in range(3)]
+    write_jsonl_zst(tmp_path / "prompts.jsonl.zst", prompts)
+    # answers split by a parser with other markers than the model writes
+    cfg = validate({"synth": {"endpoint": "http://127.0.0.1:9/v1", "reasoning_parser": "kimi_k3"}})
+    work = tmp_path / ".partial"
+    journal, _ = synth.open_journal(work, synth.fingerprint(info, cfg["synth"], cfg["vllm"]))
+    for p in prompts:
+        rec = record(tok, R1_LIKE, FAMILIES["deepseek_r1"][2], REASONING, CONTENT, id=p["id"])
+        journal.append({"status": "ok", "key": synth.prompt_key(p), "latency_s": 0.1, **rec})
+    journal.close()
+
+    def run(synth_cfg):
+        return synth.run(
+            target,
+            tmp_path / "prompts.jsonl.zst",
+            tmp_path / "synth.jsonl.zst",
+            tmp_path / "stats.json",
+            synth_cfg,
+            cfg["vllm"],
+            work,
+        )
+
+    with pytest.raises(synth.SynthError) as failed:
+        run(cfg["synth"])
+    message = str(failed.value)
+    assert "3 of 3 records" in message and "'markers_missing': 3" in message
+    assert reasoning.CAUSES["markers_missing"] in message
+    assert f"{work}/journal.jsonl" in message and not (tmp_path / "synth.jsonl.zst").exists()
+    stats = run({**cfg["synth"], "max_template_mismatch_fraction": 1.0})
+    assert stats["this_run"]["reused"] == 3 and stats["this_run"]["answered"] == 0
+    assert stats["template_check"]["text_by_cause"] == {"markers_missing": 3}
+    assert len(list(iter_jsonl(tmp_path / "synth.jsonl.zst"))) == 3
+
+
+def tokenizer_of(info: dict):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(info["model_path"])

@@ -304,3 +304,24 @@ def explain(by_cause: dict[str, int]) -> str:
         return ""
     cause = max(by_cause, key=by_cause.get)
     return CAUSES.get(cause, cause)
+
+
+def failure_message(
+    failed: int, checked: int, causes: dict, examples: list, cfg: dict, work_dir
+) -> str:
+    """The message of a failed template check: what failed, its likely cause, and how to go on
+    without asking for the answers again."""
+    first = next((e for e in examples if e["kind"] == "text"), None)
+    return (
+        f"template check: {failed} of {checked} records differ in text from what their ids "
+        f"say (by cause: {causes}), more than "
+        f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}.\n"
+        f"Likely cause: {explain(causes)}.\n"
+        f"First: {first}\n"
+        f"The answers are kept in {work_dir}/journal.jsonl: re-running the same command asks "
+        "for no answer again and repeats only this check. To accept the "
+        "records as they are (training uses their ids), set "
+        "synth.max_template_mismatch_fraction: 1.0 - it re-runs nothing else. Changing "
+        "synth.reasoning_parser, synth.chat_template_kwargs or target.chat_template asks for "
+        "every answer again."
+    )

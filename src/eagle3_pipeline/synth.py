@@ -290,6 +290,7 @@ def run(
     if len(set(ids)) != len(ids):
         raise SynthError(f"{prompts_path} has duplicate prompt ids")
 
+    check_tools(target, cfg)  # a parser the check cannot use fails now, not after the answers
     journal, entries = open_journal(work_dir, fingerprint(target, cfg, vllm_cfg))
     max_model_len = vllm_cfg["max_model_len"]
     done = settled(entries, prompts, max_model_len)
@@ -343,6 +344,26 @@ def run(
     )
 
 
+def check_tools(target: dict, cfg: dict):
+    """The tokenizer the check renders with, and the markers of ``synth.reasoning_parser``
+    (None without one) from the installed vLLM's parser."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        target["model_path"], trust_remote_code=target.get("trust_remote_code")
+    )
+    if not cfg.get("reasoning_parser"):
+        return tokenizer, None
+    try:
+        return tokenizer, reasoning.parser_markers(cfg["reasoning_parser"], tokenizer)
+    except Exception as e:  # unknown name, or markers the tokenizer lacks
+        raise SynthError(
+            f"synth.reasoning_parser={cfg['reasoning_parser']!r} cannot be used with this "
+            f"target's tokenizer ({type(e).__name__}: {e}); choose the parser of the model's "
+            "family (vLLM's --reasoning-parser names)"
+        ) from e
+
+
 def finalize(
     prompts,
     journal: AppendLog,
@@ -358,7 +379,6 @@ def finalize(
     server_started: bool = False,
     work_dir=None,
 ) -> dict:
-    from transformers import AutoTokenizer
 
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
@@ -374,16 +394,9 @@ def finalize(
             "are kept: fix the cause and re-run to retry only the failed prompts."
         )
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        target["model_path"], trust_remote_code=target.get("trust_remote_code")
-    )
+    tokenizer, markers = check_tools(target, cfg)
     kwargs = cfg.get("chat_template_kwargs") or {}
     template = chat_template_text(target)
-    markers = (
-        reasoning.parser_markers(cfg["reasoning_parser"], tokenizer)
-        if cfg.get("reasoning_parser")
-        else None
-    )
     finish, mismatches, kinds, causes, examples = Counter(), Counter(), Counter(), Counter(), []
     prompt_tokens = completion_tokens = with_reasoning = 0
     latencies = []
@@ -465,7 +478,7 @@ def finalize(
         }
         if written and text_mismatches / written > cfg["max_template_mismatch_fraction"]:
             raise SynthError(
-                check_failure(
+                reasoning.failure_message(
                     text_mismatches,
                     written,
                     dict(causes),
@@ -485,24 +498,3 @@ def finalize(
         dict(finish),
     )
     return stats
-
-
-def check_failure(
-    failed: int, checked: int, causes: dict, examples: list, cfg: dict, work_dir
-) -> str:
-    """The message of a failed template check: what failed, its likely cause, and how to go on
-    without asking for the answers again."""
-    first = next((e for e in examples if e["kind"] == "text"), None)
-    return (
-        f"template check: {failed} of {checked} records differ in text from what their ids "
-        f"say (by cause: {causes}), more than "
-        f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}.\n"
-        f"Likely cause: {reasoning.explain(causes)}.\n"
-        f"First: {first}\n"
-        f"The answers are kept in {work_dir}/journal.jsonl: re-running the same command asks "
-        "for no answer again and repeats only this check. To accept the "
-        "records as they are (training uses their ids), set "
-        "synth.max_template_mismatch_fraction: 1.0 - it re-runs nothing else. Changing "
-        "synth.reasoning_parser, synth.chat_template_kwargs or target.chat_template asks for "
-        "every answer again."
-    )
