@@ -562,3 +562,24 @@ def test_report_puts_two_methods_side_by_side(tmp_path):
     assert "eagle3: SLOWER" in text and "dflash: DRAFTER NOT WORKING" in text
     assert (tmp_path / "plots" / "acceptance_per_position.png").stat().st_size > 0
     assert "Methods side by side" in html.read_text()
+
+
+def test_requests_carry_the_chat_template_kwargs_of_the_bench_config():
+    prompt = {"id": "p", "messages": [{"role": "user", "content": "hi"}]}
+    cfg = {"max_tokens": 8, "chat_template_kwargs": {"enable_thinking": True}}
+    body = measure.request_body(prompt, "m", 0, 0.0, cfg)
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+    assert "chat_template_kwargs" not in measure.request_body(
+        prompt, "m", 0, 0.0, {"max_tokens": 8}
+    )
+
+
+def test_the_cache_key_of_a_run_without_template_kwargs_is_unchanged():
+    from eagle3_pipeline.bench import cache
+    from eagle3_pipeline.config import validate
+
+    cfg = validate({})
+    none = cache.measurement_settings(cfg["bench"], cfg["vllm"])
+    assert "bench.chat_template_kwargs" not in none
+    with_kwargs = dict(cfg["bench"], chat_template_kwargs={"enable_thinking": True})
+    assert cache.measurement_settings(with_kwargs, cfg["vllm"])["bench.chat_template_kwargs"]

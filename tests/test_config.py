@@ -212,6 +212,38 @@ def test_local_target_path_without_config_json(tmp_path):
     cfglib.validate(cfg)  # now it is one
 
 
+def test_bench_chat_template_kwargs_follow_synth_unless_set():
+    thinking = set_key(default(), "synth.chat_template_kwargs", {"enable_thinking": True})
+    cfg = cfglib.validate(thinking)
+    assert cfg["bench"]["chat_template_kwargs"] is None
+    assert cfglib.bench_chat_template_kwargs(cfg) == {"enable_thinking": True}
+    # the bench jobs' params carry the resolved variables: a thinking target is measured in
+    # the mode it is served in, and a change of synth's re-runs bench
+    for rule in ("bench_baseline", "bench"):
+        params = cfglib.result_config(cfg, rule, method="eagle3")
+        assert params["bench"]["chat_template_kwargs"] == {"enable_thinking": True}
+    off = cfglib.validate(set_key(thinking, "bench.chat_template_kwargs", {}))
+    assert cfglib.bench_chat_template_kwargs(off) == {}
+    # none at all: the key stays out of the params (a default run keeps the params it had)
+    plain = cfglib.validate(default())
+    assert (
+        "chat_template_kwargs" not in cfglib.result_config(plain, "bench", method="eagle3")["bench"]
+    )
+
+
+def test_target_chat_template_is_a_target_result_key_and_input(tmp_path):
+    from eagle3_pipeline.target import defining_files
+
+    template = tmp_path / "thinking.jinja"
+    template.write_text("{{ messages[0].content }}")
+    cfg = cfglib.validate(set_key(default(), "target.chat_template", str(template)))
+    assert cfglib.result_config(cfg, "target")["target"]["chat_template"] == str(template)
+    assert "target.chat_template" not in cfglib.OPERATIONAL_KEYS
+    # an edit of the file re-runs the target and, through its identity, everything after it
+    assert defining_files(cfg["target"]) == [str(template)]
+    assert defining_files(cfglib.validate(default())["target"]) == []
+
+
 def test_every_schema_problem_is_listed_at_once():
     cfg = set_key(set_key(default(), "vllm.device", "tpu"), "train.epochs", 0)
     cfg["typo"] = 1

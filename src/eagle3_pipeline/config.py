@@ -501,6 +501,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "target.revision",
         "target.dtype",
         "target.trust_remote_code",
+        "target.chat_template",
     ),
     "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train", "prompts.heldout"),
     "prompts_bench": ("prompts.seed", "prompts.max_chars", "prompts.bench"),
@@ -539,6 +540,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.temperatures",
         "bench.concurrency",
         "bench.max_tokens",
+        "bench.chat_template_kwargs",
         "bench.rounds",
         *BENCH_VLLM_KEYS,
     ),
@@ -549,6 +551,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.temperatures",
         "bench.concurrency",
         "bench.max_tokens",
+        "bench.chat_template_kwargs",
         "bench.rounds",
         "bench.pairing",
         "bench.min_acceptance_length",
@@ -632,6 +635,11 @@ def result_config(
             node[name] = [copy.deepcopy(bench_set_spec(cfg, bench_set))]
         elif key == "bench.num_speculative_tokens":
             node[name] = speculative_tokens(cfg, method)
+        elif key == "bench.chat_template_kwargs":
+            # resolved (null follows synth); absent when empty, so a config without template
+            # variables keeps the params it had
+            if bench_chat_template_kwargs(cfg):
+                node[name] = bench_chat_template_kwargs(cfg)
         else:
             node[name] = copy.deepcopy(_lookup(cfg, key))
     if rule == "extract" and methods.extra_layer_ids(cfg["train"]):
@@ -645,6 +653,13 @@ def drafter_names(cfg: dict) -> list[str]:
     """Every name a drafter may have in this config: the methods and the variants (longest
     first, so that a pattern made of them matches a variant before its method's prefix)."""
     return sorted({*methods.METHODS, *cfg["train"]["variants"]}, key=lambda n: (-len(n), n))
+
+
+def bench_chat_template_kwargs(cfg: dict) -> dict:
+    """The chat template variables of benchmark requests: bench.chat_template_kwargs, or
+    synth.chat_template_kwargs where it is null (a thinking target measured as it is served)."""
+    own = cfg["bench"].get("chat_template_kwargs")
+    return dict(cfg["synth"]["chat_template_kwargs"] if own is None else own)
 
 
 def speculative_tokens(cfg: dict, method: str) -> list[int]:

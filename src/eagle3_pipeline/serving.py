@@ -80,6 +80,9 @@ def spec_for_target(vllm_cfg: dict, target: dict, **settings: Any) -> ServerSpec
     from .config import check_tensor_parallel
 
     check_tensor_parallel(vllm_cfg["tensor_parallel_size"], target["architecture"])
+    if target.get("chat_template_file"):  # target.chat_template overrides the model's own
+        template_args = ["--chat-template", target["chat_template_file"]]
+        settings["extra_args"] = template_args + list(settings.get("extra_args") or [])
     return spec_from_config(
         vllm_cfg,
         target["model_path"],

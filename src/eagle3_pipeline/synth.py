@@ -2,8 +2,9 @@
 
 Each prompt becomes one chat request with ``return_token_ids``; the record keeps
 ``prompt_token_ids`` and ``completion_token_ids`` from the server, so training sequences are
-what the model saw by construction (thinking wrappers included). A check re-renders every
-conversation with the chat template and reports where text and ids disagree.
+what the model saw by construction (thinking wrappers included). A check
+(:mod:`eagle3_pipeline.reasoning`) reports records whose ids disagree with their messages and
+text; the job fails above ``synth.max_template_mismatch_fraction`` with the journal kept.
 
 Resume and reuse: every finished request is appended to a journal (``<work_dir>/journal.jsonl``)
 as it completes, under a key of its prompt (id and messages). A run answers only the prompts
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import client as client_lib
+from . import reasoning
 from .config import RESULT_KEYS
 from .fileio import (
     AppendLog,
@@ -41,7 +43,7 @@ from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint
 from .serving import spec_for_target
 from .stats import percentiles
-from .target import load_info
+from .target import chat_template_text, load_info
 
 log = logging.getLogger(__name__)
 
@@ -248,61 +250,10 @@ def settled(entries: list[dict], prompts: list[dict], max_model_len: int) -> dic
     }
 
 
-# ---- the token-exact check --------------------------------------------------------------
+# ---- the token-exact check: eagle3_pipeline.reasoning ------------------------------------
 
-
-def render_ids(tokenizer, messages: list[dict], kwargs: dict, **extra) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs, **extra)
-    if hasattr(out, "keys"):  # BatchEncoding in transformers 5
-        out = out["input_ids"]
-    return list(out)
-
-
-def check_record(tokenizer, rec: dict, template_kwargs: dict) -> dict[str, Any] | None:
-    """Re-render prompt and answer with the chat template; None when the ids agree.
-
-    The assistant turn is re-rendered with its reasoning in ``reasoning_content`` so templates
-    re-wrap it in their thinking tokens; the stored ids must be a prefix of that rendering
-    (what follows the end-of-turn token, e.g. a newline, is not generated).
-    """
-    prompt = rec["prompt_token_ids"]
-    rendered_prompt = render_ids(
-        tokenizer, rec["messages"], template_kwargs, add_generation_prompt=True
-    )
-    if rendered_prompt != prompt:
-        return _mismatch(tokenizer, "prompt", rendered_prompt, prompt, rec["id"])
-    turn = {"role": "assistant", "content": rec["content"]}
-    if rec.get("reasoning"):
-        turn["reasoning_content"] = rec["reasoning"]
-    full = render_ids(tokenizer, rec["messages"] + [turn], template_kwargs)
-    produced = prompt + rec["completion_token_ids"]
-    if full[: len(produced)] != produced:
-        return _mismatch(tokenizer, "completion", full, produced, rec["id"])
-    return None
-
-
-def _mismatch(tokenizer, part: str, rendered: list[int], stored: list[int], rid: str) -> dict:
-    """Where rendering and stored ids part. ``kind`` tells the benign case (the same text,
-    tokenized differently: models often emit non-canonical BPE splits) from a real one (the
-    text differs, e.g. a stripped thinking wrapper)."""
-    pos = next(
-        (i for i, (a, b) in enumerate(zip(rendered, stored, strict=False)) if a != b),
-        min(len(rendered), len(stored)),
-    )
-    lo = max(0, pos - 8)
-    # The stored text must be a prefix of the rendering (which closes the turn); a length-cut
-    # answer may end inside a multi-byte character, which decodes to U+FFFD.
-    same_text = tokenizer.decode(rendered).startswith(tokenizer.decode(stored).rstrip("\ufffd"))
-    return {
-        "id": rid,
-        "part": part,
-        "kind": "tokenization" if same_text else "text",
-        "position": pos,
-        "rendered_len": len(rendered),
-        "stored_len": len(stored),
-        "rendered": tokenizer.decode(rendered[lo : pos + 8]),
-        "stored": tokenizer.decode(stored[lo : pos + 8]),
-    }
+check_record = reasoning.check_record
+render_ids = reasoning.render_ids
 
 
 # ---- the stage ----------------------------------------------------------------------------
@@ -340,6 +291,7 @@ def run(
     if len(set(ids)) != len(ids):
         raise SynthError(f"{prompts_path} has duplicate prompt ids")
 
+    check_tools(target, cfg)  # a parser the check cannot use fails now, not after the answers
     journal, entries = open_journal(work_dir, fingerprint(target, cfg, vllm_cfg))
     max_model_len = vllm_cfg["max_model_len"]
     done = settled(entries, prompts, max_model_len)
@@ -389,7 +341,28 @@ def run(
         history,
         reused=len(done),
         server_started=bool(todo) and not cfg["endpoint"],
+        work_dir=work_dir,
     )
+
+
+def check_tools(target: dict, cfg: dict):
+    """The tokenizer the check renders with, and the markers of ``synth.reasoning_parser``
+    (None without one) from the installed vLLM's parser."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        target["model_path"], trust_remote_code=target.get("trust_remote_code")
+    )
+    if not cfg.get("reasoning_parser"):
+        return tokenizer, None
+    try:
+        return tokenizer, reasoning.parser_markers(cfg["reasoning_parser"], tokenizer)
+    except Exception as e:  # unknown name, or markers the tokenizer lacks
+        raise SynthError(
+            f"synth.reasoning_parser={cfg['reasoning_parser']!r} cannot be used with this "
+            f"target's tokenizer ({type(e).__name__}: {e}); choose the parser of the model's "
+            "family (vLLM's --reasoning-parser names)"
+        ) from e
 
 
 def finalize(
@@ -405,8 +378,8 @@ def finalize(
     history: list[dict],
     reused: int = 0,
     server_started: bool = False,
+    work_dir=None,
 ) -> dict:
-    from transformers import AutoTokenizer
 
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
@@ -422,11 +395,10 @@ def finalize(
             "are kept: fix the cause and re-run to retry only the failed prompts."
         )
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        target["model_path"], trust_remote_code=target.get("trust_remote_code")
-    )
+    tokenizer, markers = check_tools(target, cfg)
     kwargs = cfg.get("chat_template_kwargs") or {}
-    finish, mismatches, kinds, examples = Counter(), Counter(), Counter(), []
+    template = chat_template_text(target)
+    finish, mismatches, kinds, causes, examples = Counter(), Counter(), Counter(), Counter(), []
     prompt_tokens = completion_tokens = with_reasoning = 0
     latencies = []
 
@@ -442,10 +414,12 @@ def finalize(
             completion_tokens += len(rec["completion_token_ids"])
             with_reasoning += bool(rec.get("reasoning"))
             latencies.append(rec["latency_s"])
-            problem = check_record(tokenizer, rec, kwargs)
+            problem = check_record(tokenizer, rec, kwargs, markers, template)
             if problem:
                 mismatches[problem["part"]] += 1
                 kinds[problem["kind"]] += 1
+                if problem["kind"] == "text":
+                    causes[problem.get("cause", problem["part"])] += 1
                 # Text mismatches first: they are the ones that matter.
                 if problem["kind"] == "text" and len(examples) >= 5:
                     examples[:] = [e for e in examples if e["kind"] == "text"][:4]
@@ -494,6 +468,9 @@ def finalize(
                 "text_mismatches": text_mismatches,
                 "tokenization_only": kinds["tokenization"],
                 "by_part": dict(mismatches),
+                "text_by_cause": dict(causes),
+                "markers": [markers.start, markers.end] if markers else None,
+                "chat_template": target.get("chat_template_file"),
                 "examples": examples,
             },
             "provenance": provenance(
@@ -502,10 +479,14 @@ def finalize(
         }
         if written and text_mismatches / written > cfg["max_template_mismatch_fraction"]:
             raise SynthError(
-                f"{text_mismatches} of {written} records differ in text from the re-rendered "
-                f"chat template (first: {examples[:1]}), more than "
-                f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}: "
-                "the server's chat template or reasoning handling differs from the tokenizer's"
+                reasoning.failure_message(
+                    text_mismatches,
+                    written,
+                    dict(causes),
+                    examples,
+                    cfg,
+                    work_dir or "the work dir",
+                )
             )
     write_json(stats_out, stats)
     log.info(

@@ -38,11 +38,35 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 def defining_files(params: dict) -> list[str]:
-    """The DEFINING_FILES of a local target that exist (for the target rule's inputs)."""
+    """The DEFINING_FILES of a local target that exist, and the chat template that overrides
+    the target's (for the target rule's inputs: an edit re-runs the chain)."""
+    override = [params["chat_template"]] if params.get("chat_template") else []
     if params["source"] != "local" or not params.get("path"):
-        return []
+        return override
     d = Path(params["path"]).expanduser()
-    return [str(d / name) for name in DEFINING_FILES if (d / name).is_file()]
+    return [str(d / name) for name in DEFINING_FILES if (d / name).is_file()] + override
+
+
+def chat_template_text(info: dict) -> str | None:
+    """The chat template that overrides the target's own (target.chat_template, copied next to
+    target.json), or None: every server of the target gets it as --chat-template and every
+    check renders with it."""
+    path = info.get("chat_template_file")
+    return Path(path).read_text() if path else None
+
+
+def copy_chat_template(params: dict, out_dir: Path) -> dict[str, Any]:
+    """target.chat_template copied into the target's results (a run keeps the template it ran
+    with); its hash becomes part of the target's identity."""
+    if not params.get("chat_template"):
+        return {}
+    src = Path(params["chat_template"]).expanduser()
+    if not src.is_file():
+        raise FileNotFoundError(f"target.chat_template {src} is not a file")
+    dest = out_dir / "chat_template.jinja"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    return {"chat_template_file": str(dest.resolve()), "chat_template_sha256": sha256_file(dest)}
 
 
 def identity(params: dict, model_dir: Path) -> str:
@@ -186,14 +210,20 @@ def materialize(params: dict, out_json: Path) -> dict[str, Any]:
     model_dir, extra = resolve_model_dir(params, out_json.parent / "model")
     arch = architecture(model_dir, params.get("trust_remote_code", False))
     tok_cfg = model_dir / "tokenizer_config.json"
+    template = copy_chat_template(params, out_json.parent)
+    model_identity = identity(params, model_dir)
+    if template:  # a served template is part of what the target is (unchanged without one)
+        model_identity = stable_hash([model_identity, template["chat_template_sha256"]])
     info = {
         "model_path": str(model_dir),
-        "identity": identity(params, model_dir),
+        "identity": model_identity,
         "source": params["source"],
         "trust_remote_code": params.get("trust_remote_code", False),
         "architecture": arch,
         "chat_template": bool(tok_cfg.exists() and "chat_template" in tok_cfg.read_text())
-        or (model_dir / "chat_template.jinja").exists(),
+        or (model_dir / "chat_template.jinja").exists()
+        or bool(template),
+        **template,
         **extra,
         "provenance": provenance(params),
     }

@@ -53,6 +53,7 @@ MODULE_ROLES = {
     "prompts.selection": LOGIC,
     "prompts.sources": LOGIC,
     "prompts.stage": LOGIC,
+    "reasoning": LOGIC,
     "provenance": INFRASTRUCTURE,
     "rates": INFRASTRUCTURE,  # the plan's stage time estimates
     "replay": LOGIC,

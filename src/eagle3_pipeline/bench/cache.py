@@ -32,7 +32,10 @@ def measurement_settings(cfg: dict, vllm_cfg: dict, rule: str = "bench") -> dict
     for key in RESULT_KEYS[rule]:
         if key not in NOT_MEASURED:
             section, name = key.split(".")
-            out[key] = sections[section][name]
+            out[key] = sections[section].get(name)
+    if not out.get("bench.chat_template_kwargs"):
+        # none: the key stays out, so entries measured before it existed still count
+        out.pop("bench.chat_template_kwargs", None)
     out["bench.rounds"] = bench_rounds(cfg, vllm_cfg)
     return out
 

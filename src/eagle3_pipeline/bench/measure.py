@@ -102,7 +102,7 @@ def acceptance(counts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def request_body(prompt: dict, model: str, i: int, temperature: float, cfg: dict) -> dict:
-    return {
+    body = {
         "model": model,
         "messages": prompt["messages"],
         "max_tokens": cfg["max_tokens"],
@@ -110,6 +110,9 @@ def request_body(prompt: dict, model: str, i: int, temperature: float, cfg: dict
         "seed": 1234 + i,
         "return_token_ids": True,
     }
+    if cfg.get("chat_template_kwargs"):  # e.g. a thinking target measured in thinking mode
+        body["chat_template_kwargs"] = cfg["chat_template_kwargs"]
+    return body
 
 
 async def _pass(

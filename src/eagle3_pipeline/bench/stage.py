@@ -158,6 +158,7 @@ def run_baseline(
             for name, runs in by_set.items()
         },
         "settings": key[2],
+        "chat_template_kwargs": cfg.get("chat_template_kwargs") or {},
         "this_run": this_run,
         "elapsed_s": round(time.monotonic() - t0, 1),
         "provenance": provenance(cfg, inputs=prompt_files),
@@ -337,6 +338,7 @@ def run(
         "speculators_method": method,
         "pairing": cfg["pairing"],
         "rounds": rounds,
+        "chat_template_kwargs": cfg.get("chat_template_kwargs") or {},
         "runs": runs,
         "summary": summarize(runs),
         "verdict": verdict,
