@@ -121,9 +121,32 @@ def result_decisions(source: str) -> list[str]:
 
 
 INFRASTRUCTURE_MODULES = sorted(m for m, role in MODULE_ROLES.items() if role == INFRASTRUCTURE)
+# Infrastructure that names dtypes only to size a run (bytes per parameter of the checkpoint in
+# the plan): no server is configured from it, which the test below holds it to.
+SIZING_ONLY = {"model_shape", "plan"}
 
 
-@pytest.mark.parametrize("module", INFRASTRUCTURE_MODULES)
+@pytest.mark.parametrize("module", sorted(SIZING_ONLY))
+def test_sizing_modules_configure_no_server(module):
+    source = module_file(module).read_text()
+    imported = {
+        alias.name if isinstance(node, ast.Import) else (node.module or "")
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not {"server", "serving", "vllm"} & {name.rsplit(".", 1)[-1] for name in imported}
+    flags = [
+        n.value
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and n.value.split("=")[0] in RESULT_FLAGS
+    ]
+    assert flags == []
+
+
+@pytest.mark.parametrize("module", [m for m in INFRASTRUCTURE_MODULES if m not in SIZING_ONLY])
 def test_no_infrastructure_module_decides_what_a_server_computes(module):
     assert result_decisions(module_file(module).read_text()) == [], (
         f"eagle3_pipeline.{module} is infrastructure (an edit to it re-runs nothing) but decides "
