@@ -134,7 +134,7 @@ def hf_target(target_dir):
 def drafter_inputs(drafter_dir, hf_target, tokenizer):
     """A chat row of the fixture questions (prompt + answer) with the drafter's aux states."""
     from eagle3_pipeline.fileio import read_json
-    from eagle3_pipeline.method_results import aux_key
+    from eagle3_pipeline.methods import aux_key
 
     config = read_json(Path(drafter_dir) / "config.json")
     layers = config[aux_key(config["speculators_model_type"])]

@@ -702,7 +702,7 @@ def test_adding_a_method_adds_its_jobs_only(done_copy):
 def test_adding_a_variant_adds_its_jobs_only(done_copy):
     """A variant of a method (given on the command line: its numbers arrive as strings) trains
     and benchmarks on the same data, beside the method it varies."""
-    variant = "variants: {eagle3_ttt2: {method: eagle3, ttt_steps: 2}}"
+    variant = "variants: {eagle3_ttt2: {method: eagle3, eagle3: {ttt_steps: 2}}}"
     jobs = plan("--config", f"train={{methods: [eagle3, eagle3_ttt2], {variant}}}", repo=done_copy)
     assert job_names(jobs) == [
         "bench[method=eagle3_ttt2]",
@@ -750,7 +750,7 @@ BENCHES = ["bench[method=dflash]", "bench[method=dflash_b4]", "bench[method=eagl
         # the variant's own key: the variant only
         ({"train": {"variants": {"dflash_b4": {"dflash": {"max_anchors": 16}}}}}, [*B4, "report"]),
         # an EAGLE-3 key, EAGLE-3's only
-        ({"train": {"ttt_steps": 2}}, [*EAGLE3, "report"]),
+        ({"train": {"eagle3": {"ttt_steps": 2}}}, [*EAGLE3, "report"]),
         # a shared key: every drafter
         ({"train": {"lr": 0.002}}, [*DFLASH, *B4, *EAGLE3, "report"]),
         # one drafter's k: its bench only

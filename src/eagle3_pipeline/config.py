@@ -102,7 +102,7 @@ def validate(config: dict) -> dict:
             own = {"train": {k: v for k, v in variant.items() if k != "method"}}
             variant.update(coerce_cli_strings(own, schema)["train"])
     errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    problems = [
+    problems = moved_key_problems(config) or [
         p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in _problems(e)
     ]
     if not problems:
@@ -115,6 +115,25 @@ def validate(config: dict) -> dict:
             + "\n(every key, its type and its default: config/schema.yaml)"
         )
     return sort_keys(config)
+
+
+def moved_key_problems(config: dict) -> list[str]:
+    """A method's own key given where it was before it moved under ``train.<method>`` (in
+    ``train`` or a variant): named with its new place."""
+    train = config.get("train")
+    if not isinstance(train, dict):
+        return []
+    sections = {"train": train}
+    for name, variant in (train.get("variants") or {}).items():
+        if isinstance(variant, dict):
+            sections[f"train.variants.{name}"] = variant
+    return [
+        f"config key `{where}.{key}`: {where}.{key} moved to {where}.{m.name}.{key}"
+        for where, section in sections.items()
+        for m in methods.REGISTRY.values()
+        for key in m.moved_from_train
+        if key in section
+    ]
 
 
 def sort_keys(value: Any) -> Any:
@@ -322,20 +341,9 @@ def method_problems(cfg: dict) -> list[str]:
                 f"(train.methods lists it; given for {sorted(ks)})"
             )
             continue
-        limit = methods.max_speculative_tokens(name, train)
-        too_many = [k for k in speculative_tokens(cfg, name) if limit is not None and k > limit]
-        if too_many:
-            problems.append(
-                f"config key `bench.num_speculative_tokens`: {name} drafts at most "
-                f"block_size - 1 = {limit} tokens, got k = {too_many} (raise "
-                f"{where}.dflash.block_size or give {name} its own list)"
-            )
-        layer_ids = methods.method_train_config(train, name).get("layer_ids")
-        if layer_ids is not None and layer_ids != sorted(layer_ids):
-            problems.append(
-                f"config key `{where}.dflash.layer_ids`: must be in increasing order, "
-                f"got {layer_ids}"
-            )
+        own = methods.method_train_config(train, name)
+        ks_of = speculative_tokens(cfg, name)
+        problems += methods.of(own).config_problems(name, own, where, ks_of)
     return problems
 
 
@@ -506,10 +514,11 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "extract_gather": (),
     # One job per method, whose params carry only the keys that method reads
-    # (methods.method_train_config): a DFlash key re-runs DFlash's training alone.
+    # (methods.method_train_config): a key of train.<method> re-runs that method's training
+    # alone.
     "train": (
-        *(f"train.{k}" for k in (*methods.COMMON_TRAIN_KEYS, *methods.EAGLE3_TRAIN_KEYS)),
-        "train.dflash",
+        *(f"train.{k}" for k in methods.SHARED_TRAIN_KEYS),
+        *(f"train.{m}" for m in methods.METHODS),
         "train.variants",
     ),
     # The baseline on its own (bench.pairing: separate), shared by every method.

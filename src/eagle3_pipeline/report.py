@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import methods
 from .config import HELDOUT_SET
 from .fileio import atomic_path, read_json
 
@@ -234,9 +235,7 @@ def _drafter_shape(train: dict) -> str:
     t = (train.get("config") or {}).get("trainer") or {}
     if not t:
         return "–"
-    if t.get("speculator_type") == "dflash":
-        return f"{t['num_layers']} Qwen3 layers, block {t['block_size']}"
-    return f"{t.get('num_layers')} Llama layer(s), {t.get('ttt_steps')} TTT steps"
+    return methods.get(t.get("speculator_type")).shape(t)
 
 
 def _side_by_side(methods: dict[str, dict]) -> list:
@@ -315,15 +314,14 @@ def _consistency(methods: dict[str, dict]) -> list:
 def _training(name: str, train: dict) -> list:
     """Drafter ``name``'s training (a method's or a variant's: its metrics say which method)."""
     from .bench.verdict import best_val
-    from .method_results import ACCURACY_SERIES
 
-    method = train.get("method", "eagle3")
+    own = methods.get(train.get("method"))
     val = best_val(train)
     tp = train.get("throughput") or {}
     epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
     acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
-    series = ACCURACY_SERIES.get(method, ACCURACY_SERIES["eagle3"])
-    per = "TTT step" if method == "eagle3" else "block position"
+    series = own.accuracy_series
+    per = own.position_label
     val_rows = [
         [f"validation {field.replace('_', ' ')} per {per}", acc(val.get(field))]
         for field, _ in series

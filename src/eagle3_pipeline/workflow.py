@@ -40,7 +40,6 @@ MODULE_ROLES = {
     "fileio": INFRASTRUCTURE,
     "gpus": INFRASTRUCTURE,
     "hs_backend": LOGIC,
-    "method_results": LOGIC,
     "methods": LOGIC,
     "prepare": LOGIC,
     "prompts": LOGIC,
@@ -82,6 +81,18 @@ def library_modules() -> list[str]:
             parts.pop()
         names.append(".".join(parts))
     return names
+
+
+# Every module of these packages has the package's role: a new drafter method is one module of
+# methods/, with no entry here.
+PACKAGE_ROLES = {"methods": LOGIC}
+MODULE_ROLES.update(
+    {
+        m: PACKAGE_ROLES[m.split(".")[0]]
+        for m in library_modules()
+        if m.split(".")[0] in PACKAGE_ROLES
+    }
+)
 
 
 def module_file(name: str) -> Path | None:
