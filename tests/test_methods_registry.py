@@ -17,7 +17,8 @@ from eagle3_pipeline.methods.base import SHARED_TRAIN_KEYS
 
 SRC = Path(methods.__file__).resolve().parents[1]
 # a method's name as a word (the package's own name, eagle3_pipeline / eagle3-pipeline, is not)
-NAMED = re.compile(r"\b(%s)\b(?![-_]pipeline)" % "|".join(map(re.escape, methods.METHODS)))
+NAMES = "|".join(map(re.escape, methods.METHODS))
+NAMED = re.compile(rf"\b({NAMES})\b(?![-_]pipeline)")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

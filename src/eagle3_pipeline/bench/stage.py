@@ -20,10 +20,9 @@ import logging
 import time
 from pathlib import Path
 
-from .. import consistency
+from .. import consistency, methods
 from ..config import bench_rounds
 from ..fileio import read_json, sha256_file, write_json
-from .. import methods
 from ..methods import predicted_acceptance_length
 from ..provenance import provenance
 from ..server import ServerError, VllmServer, spec_for_target

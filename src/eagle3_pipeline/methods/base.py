@@ -12,7 +12,7 @@ optimizer and the trainer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 # train.* keys every method reads (the method's own keys are under train.<name>).
 SHARED_TRAIN_KEYS = (
@@ -61,7 +61,7 @@ class Method:
     # keys that were at train.* before they moved under train.<name> (refused with a message)
     moved_from_train: tuple[str, ...] = ()
     # own keys whose value may be `auto`: (CPU value, GPU value)
-    auto: dict[str, tuple[Any, Any]] = {}
+    auto: ClassVar[dict[str, tuple[Any, Any]]] = {}
     # where the drafter's config.json keeps the aux layer ids vLLM captures from the target
     aux_key: str = "eagle_aux_hidden_state_layer_ids"
     # which checkpoint is exported: the validation metric and whether higher is better

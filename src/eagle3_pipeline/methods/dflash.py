@@ -15,7 +15,7 @@ acceptance do not move together under CE + D-PACE).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import Check, Method, chained_tau
 
@@ -58,7 +58,7 @@ class DFlash(Method):
     overrides = ("epochs", "lr")
     # the GPU values are speculators' defaults; the CPU ones keep a step small enough for a
     # 2-core machine (queries per step = anchors x block)
-    auto = {"block_size": (8, 16), "max_anchors": (128, 512)}
+    auto: ClassVar[dict[str, tuple[Any, Any]]] = {"block_size": (8, 16), "max_anchors": (128, 512)}
     aux_key = "aux_hidden_state_layer_ids"
     best_by = ("eal", True)
     accuracy_series = (("position_acc", "block position {}"),)

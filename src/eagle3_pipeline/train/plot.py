@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..fileio import atomic_path
 from .. import methods
+from ..fileio import atomic_path
 
 
 def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path) -> None:

@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import consistency
+from .. import consistency, methods
 from ..fileio import AppendLog, read_json, write_json
-from .. import methods
 from ..methods import layer_ids_of
 from ..provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
