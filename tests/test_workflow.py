@@ -776,3 +776,18 @@ def test_a_change_replans_the_methods_it_concerns(both_methods_done, tmp_path, c
     changed.write_text(yaml.safe_dump(change))
     jobs = plan("--configfile", DEFAULT_CONFIG, str(both), str(changed), workdir=work)
     assert job_names(jobs) == sorted(expected)
+
+
+def test_diagnostics_stay_out_of_every_stage(tmp_path):
+    """eagle3_pipeline.diagnostics (the drafter replay, run from lab/) is used by no rule: no
+    stage's code hash covers it, and a stage script importing it fails its plan."""
+    from eagle3_pipeline.workflow import DIAGNOSTIC, MODULE_ROLES, logic_modules
+
+    assert MODULE_ROLES["diagnostics"] == DIAGNOSTIC
+    assert MODULE_ROLES["diagnostics.replay"] == DIAGNOSTIC
+    for script in sorted((REPO / "workflow_scripts").glob("*.py")):
+        assert not [m for m in logic_modules(script) if m.startswith("diagnostics")], script
+    bad = tmp_path / "bad_stage.py"
+    bad.write_text("from eagle3_pipeline.diagnostics import walk\n")
+    with pytest.raises(ValueError, match="imports the diagnostic module 'diagnostics'"):
+        logic_modules(bad)

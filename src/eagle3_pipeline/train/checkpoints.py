@@ -122,8 +122,9 @@ def clean_checkpoints(
 def best_checkpoint(save_path: Path, records: list[dict[str, Any]], method: str) -> Path:
     """The end-of-epoch checkpoint whose validation is best by the method's rule
     (:meth:`eagle3_pipeline.methods.base.Method.best_epoch`: lowest loss for EAGLE-3, what
-    speculators' ``checkpoint_best`` link follows; highest eal for DFlash), chosen from the validation
-    records of every epoch (speculators keeps ``val_metrics.json`` in the linked one only)."""
+    speculators' ``checkpoint_best`` link follows; highest eal for DFlash), chosen from the
+    validation records of every epoch (speculators keeps ``val_metrics.json`` in the linked one
+    only)."""
     val = {int(r["epoch"]): r["val"] for r in records if r["kind"] == "val"}
     epoch = methods.get(method).best_epoch(val)
     if epoch is not None and (save_path / str(epoch)).is_dir():

@@ -31,9 +31,9 @@ def summarize(
     """Per-epoch train/val metrics, throughput and resume history from the records.
 
     The metrics are the method's (:meth:`eagle3_pipeline.methods.base.Method.metric_keys`;
-    ``positions`` draft positions: EAGLE-3's TTT steps, DFlash's block slots). A step that was trained twice
-    (after a resume) counts once, from the later attempt. ``warmup_steps`` first steps of every
-    attempt are left out of the throughput figures.
+    ``positions`` draft positions: EAGLE-3's TTT steps, DFlash's block slots). A step that was
+    trained twice (after a resume) counts once, from the later attempt. ``warmup_steps`` first
+    steps of every attempt are left out of the throughput figures.
     """
     keys = methods.get(method).metric_keys(positions)
     train: dict[int, dict] = {}
