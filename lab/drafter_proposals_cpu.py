@@ -9,12 +9,11 @@ The counters of a prompt set say only whether replay and served agree in sum. Th
 first ``--n`` prompts of a set one at a time on vLLM's offline engine with the drafter's
 ``propose`` recorded (``eagle3_pipeline.diagnostics.served.served_proposals``, what
 tests/test_replay.py checks with tiny drafters) and compares, request by request, vLLM's
-spec-decode counters with the walk and, step by step, vLLM's proposals with the replay's
-(the k + 1 queries vLLM builds for DFlash): for every proposal that differs, the first slot that differs, the replay's margin
-there (top-1 minus top-2 logit: how close to a tie) and which of the two was the target's
-token. ``--run``: a run directory as lab/drafter_replay_cpu.py leaves it (prompts,
-baseline, the local drafter copies and target.json).
-"""
+spec-decode counters with the walk and, step by step, vLLM's proposals with the replay's (the k
++ 1 queries vLLM builds for DFlash): for every proposal that differs, the first slot that
+differs, the replay's margin there (top-1 minus top-2 logit: how close to a tie) and which of
+the two was the target's token. ``--run``: a run directory as lab/drafter_replay_cpu.py leaves
+it (prompts, baseline, the local drafter copies and target.json)."""
 
 from __future__ import annotations
 

