@@ -94,3 +94,8 @@ def test_the_default_eagle3_settings_are_where_they_were():
         "norm_output": True,
     }
     assert set(flat) == {*SHARED_TRAIN_KEYS, "method", *methods.get("eagle3").own_keys}
+
+
+def test_a_variant_of_an_unknown_method_is_refused():
+    with pytest.raises(cfglib.ConfigError, match=r"`train.variants.v.method`: expected one of \["):
+        cfglib.validate({"train": {"methods": ["v"], "variants": {"v": {"method": "medusa"}}}})

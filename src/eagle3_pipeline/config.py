@@ -357,6 +357,11 @@ def variant_problems(name: str, variant: dict, train: dict) -> list[str]:
     where = f"train.variants.{name}"
     if name in methods.METHODS:
         return [f"config key `{where}`: a variant needs a name of its own ({name} is a method)"]
+    if variant["method"] not in methods.METHODS:
+        return [
+            f"config key `{where}.method`: expected one of {list(methods.METHODS)}, got "
+            f"{variant['method']!r}"
+        ]
     fixed = [k for k in NOT_PER_VARIANT if k in variant]
     if fixed:
         return [f"config key `{where}.{k}`: a variant cannot set train.{k}" for k in fixed]
