@@ -1,4 +1,4 @@
-"""Drafter methods: one module each (:mod:`.eagle3`, :mod:`.dflash`), all
+"""Drafter methods: one module each (:mod:`.eagle3`, :mod:`.dflash`, :mod:`.peagle`), all
 alike behind :class:`.base.Method`; this registry is how the rest of the pipeline reaches
 them. Adding a method is one module plus its config section in config/schema.yaml.
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import dflash, eagle3
+from . import dflash, eagle3, peagle
 from .base import SHARED_TRAIN_KEYS, Method
 
-REGISTRY: dict[str, Method] = {m.name: m for m in (eagle3.METHOD, dflash.METHOD)}
+REGISTRY: dict[str, Method] = {m.name: m for m in (eagle3.METHOD, dflash.METHOD, peagle.METHOD)}
 METHODS = tuple(REGISTRY)
 # The method of a drafter whose metrics or config do not say (files of older runs).
 DEFAULT = eagle3.METHOD.name
