@@ -1,7 +1,6 @@
 """One place per drafter method: no module outside ``eagle3_pipeline.methods`` names a method,
 every method's config section is in config/schema.yaml, old key places are refused with
-their new one, and a method registered from outside the package is a drafter like the
-others."""
+their new one, and a variant's method must be registered."""
 
 from __future__ import annotations
 

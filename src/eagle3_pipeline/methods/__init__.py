@@ -33,20 +33,6 @@ def get(name: str | None) -> Method:
     return REGISTRY[name]
 
 
-def register(method: Method) -> None:
-    """Add ``method`` to the registry (a method module does it by being listed above; tests
-    register one of their own)."""
-    global METHODS
-    REGISTRY[method.name] = method
-    METHODS = tuple(REGISTRY)
-
-
-def unregister(name: str) -> None:
-    global METHODS
-    del REGISTRY[name]
-    METHODS = tuple(REGISTRY)
-
-
 def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``overrides`` laid over it, mappings merged key by key (neither is
     changed)."""

@@ -198,6 +198,10 @@ class Method:
         :attr:`configured_flags`)."""
         return []
 
+    def drafter_max_tokens(self, facts: dict[str, Any]) -> int | None:
+        """The largest k the exported drafter (its :meth:`drafter_checks` facts) drafts."""
+        return None
+
     def serve_notes(self, facts: dict[str, Any], ks: list[int]) -> list[str]:
         """Per k served otherwise than trained, one line saying how (not an error)."""
         return []
@@ -214,10 +218,6 @@ class Method:
     def shape(self, trainer: dict[str, Any]) -> str:
         """The drafter's shape in a few words, from its trainer fields (the report's)."""
         return f"{trainer.get('num_layers')} layer(s)"
-
-    def drafter_max_tokens(self, facts: dict[str, Any]) -> int | None:
-        """The largest k the exported drafter (its :meth:`drafter_checks` facts) drafts."""
-        return None
 
     # ---- replay (eagle3_pipeline.diagnostics): speculators' model run as it was trained -------
 
