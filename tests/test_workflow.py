@@ -643,7 +643,7 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
     script that reads the config depend on training code."""
     from eagle3_pipeline.workflow import logic_modules
 
-    config_imports = (REPO / "src" / "eagle3_pipeline" / "config.py").read_text()
+    config_imports = (REPO / "src" / "eagle3_pipeline" / "config_checks.py").read_text()
     assert "from .train" in config_imports
     assert logic_modules(REPO / "workflow_scripts" / "target.py") == ("target",)
     assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == (
@@ -710,7 +710,7 @@ def test_adding_a_method_adds_its_jobs_only(done_copy):
 def test_adding_a_variant_adds_its_jobs_only(done_copy):
     """A variant of a method (given on the command line: its numbers arrive as strings) trains
     and benchmarks on the same data, beside the method it varies."""
-    variant = "variants: {eagle3_ttt2: {method: eagle3, ttt_steps: 2}}"
+    variant = "variants: {eagle3_ttt2: {method: eagle3, eagle3: {ttt_steps: 2}}}"
     jobs = plan("--config", f"train={{methods: [eagle3, eagle3_ttt2], {variant}}}", repo=done_copy)
     assert job_names(jobs) == [
         "bench[method=eagle3_ttt2]",
@@ -758,7 +758,7 @@ BENCHES = ["bench[method=dflash]", "bench[method=dflash_b4]", "bench[method=eagl
         # the variant's own key: the variant only
         ({"train": {"variants": {"dflash_b4": {"dflash": {"max_anchors": 16}}}}}, [*B4, "report"]),
         # an EAGLE-3 key, EAGLE-3's only
-        ({"train": {"ttt_steps": 2}}, [*EAGLE3, "report"]),
+        ({"train": {"eagle3": {"ttt_steps": 2}}}, [*EAGLE3, "report"]),
         # a shared key: every drafter
         ({"train": {"lr": 0.002}}, [*DFLASH, *B4, *EAGLE3, "report"]),
         # one drafter's k: its bench only
@@ -784,3 +784,18 @@ def test_a_change_replans_the_methods_it_concerns(both_methods_done, tmp_path, c
     changed.write_text(yaml.safe_dump(change))
     jobs = plan("--configfile", DEFAULT_CONFIG, str(both), str(changed), workdir=work)
     assert job_names(jobs) == sorted(expected)
+
+
+def test_diagnostics_stay_out_of_every_stage(tmp_path):
+    """eagle3_pipeline.diagnostics (the drafter replay, run from lab/) is used by no rule: no
+    stage's code hash covers it, and a stage script importing it fails its plan."""
+    from eagle3_pipeline.workflow import DIAGNOSTIC, MODULE_ROLES, logic_modules
+
+    assert MODULE_ROLES["diagnostics"] == DIAGNOSTIC
+    assert MODULE_ROLES["diagnostics.replay"] == DIAGNOSTIC
+    for script in sorted((REPO / "workflow_scripts").glob("*.py")):
+        assert not [m for m in logic_modules(script) if m.startswith("diagnostics")], script
+    bad = tmp_path / "bad_stage.py"
+    bad.write_text("from eagle3_pipeline.diagnostics import walk\n")
+    with pytest.raises(ValueError, match="imports the diagnostic module 'diagnostics"):
+        logic_modules(bad)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import method_results, methods
+from . import methods
 from .fileio import read_json
 
 _TARGET_WINDOW = object()  # check(): read the target's window from its config
@@ -58,7 +58,7 @@ def served_windows(layer_cfg: dict[str, Any], target_window: int | None) -> list
 
 
 def drafter_method(drafter_dir: str | Path) -> str | None:
-    """The drafter's method (``speculators_model_type``: eagle3, dflash)."""
+    """The drafter's method (``speculators_model_type``, a name of :mod:`.methods`)."""
     return read_json(Path(drafter_dir) / "config.json").get("speculators_model_type")
 
 
@@ -75,11 +75,12 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
     layer_cfg = cfg.get("transformer_layer_config", {})
     verifier = (cfg.get("speculators_config", {}).get("verifier") or {}).get("name_or_path")
     method = cfg.get("speculators_model_type")
+    own = methods.REGISTRY[method].drafter_checks(cfg)[0] if method in methods.REGISTRY else {}
     return {
         "speculators_model_type": method,
         "architectures": cfg.get("architectures"),
-        "aux_layer_key": method_results.aux_key(method),
-        "aux_layer_ids": cfg.get(method_results.aux_key(method)),
+        "aux_layer_key": methods.aux_key(method),
+        "aux_layer_ids": cfg.get(methods.aux_key(method)),
         "hidden_size": layer_cfg.get("hidden_size"),
         "vocab_size": layer_cfg.get("vocab_size"),
         "draft_vocab_size": cfg.get("draft_vocab_size"),
@@ -95,7 +96,7 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
         "verifier_path_exists": bool(verifier)
         and Path(verifier).is_absolute()
         and (Path(verifier) / "config.json").is_file(),
-        **(method_results.dflash_checks(cfg)[0] if method == "dflash" else {}),
+        **own,
     }
 
 
@@ -163,7 +164,7 @@ def check(
         f"{', '.join(methods.METHODS)}",
     )
     if configured is not None:
-        want = configured.get("method", "eagle3")
+        want = methods.of(configured).name
         require(f"is_{want}", method == want, f"drafter is a {method!r} checkpoint, not {want}")
     aux = facts["aux_layer_ids"]
     extracted = list(manifest["layer_ids"])[:-1]
@@ -222,18 +223,12 @@ def check(
             _matches_vocab_stage(drafter_dir, facts, d2t, t2d),
             f"the drafter's vocabulary map is not the vocab stage's ({d2t}, {t2d})",
         )
-    if configured is not None and method == "eagle3":
-        require(
-            "norm_flags_as_configured",
-            facts["norm_before_fc"] == bool(configured["norm_before_fc"])
-            and facts["norm_output"] == bool(configured["norm_output"]),
-            f"drafter norm_before_fc/norm_output {facts['norm_before_fc']}/"
-            f"{facts['norm_output']} differ from the config's",
-        )
-    if method == "dflash":
-        for name, ok, problem in method_results.dflash_checks(
-            read_json(drafter_dir / "config.json")
-        )[1]:
+    own = methods.REGISTRY.get(method)
+    if own is not None and configured is not None:
+        for name, ok, problem in own.configured_checks(facts, configured):
+            require(name, ok, problem)
+    if own is not None:
+        for name, ok, problem in own.drafter_checks(read_json(drafter_dir / "config.json"))[1]:
             require(name, ok, problem)
     if configured is not None:
         require(
@@ -272,7 +267,7 @@ def check(
                 {
                     k: configured.get(k)
                     for k in ("method", "aux_layer_ids", "sliding_window")
-                    + (("norm_before_fc", "norm_output") if method == "eagle3" else ())
+                    + (own.configured_flags if own is not None else ())
                 }
                 if configured is not None
                 else {}

@@ -18,6 +18,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 LOGIC = "logic"
 INFRASTRUCTURE = "infrastructure"
+DIAGNOSTIC = "diagnostic"
 
 # Every module of the library, by what an edit to it means for the stages that import it.
 # - logic: it decides what a stage computes; an edit re-runs the importing stages.
@@ -25,6 +26,8 @@ INFRASTRUCTURE = "infrastructure"
 #   helpers, provenance records, config validation, these planning helpers); an edit re-runs
 #   nothing. A needed re-run after such an edit is forced with `-R <rule>`, and costs seconds
 #   where nothing is left to compute: every expensive stage reuses its finished work by content.
+# - diagnostic: used by no rule (lab/ runs it); no stage may import it, so an edit to it re-runs
+#   nothing, and a stage that did import one fails its plan (logic_modules).
 # A new module must be added here (tests/test_workflow.py fails until it is).
 MODULE_ROLES = {
     "__init__": INFRASTRUCTURE,
@@ -35,13 +38,15 @@ MODULE_ROLES = {
     "bench.verdict": LOGIC,
     "client": INFRASTRUCTURE,
     "config": INFRASTRUCTURE,
+    "config_checks": INFRASTRUCTURE,
+    "config_schema": INFRASTRUCTURE,
+    "config_values": INFRASTRUCTURE,
     "consistency": LOGIC,
     "extract": LOGIC,
     "fileio": INFRASTRUCTURE,
     "gpus": INFRASTRUCTURE,
     "hs_backend": LOGIC,
     "layers": LOGIC,  # which layers extraction captures: decides what extract computes
-    "method_results": LOGIC,
     "methods": LOGIC,
     "model_shape": INFRASTRUCTURE,  # the plan's reading of config.json (no stage result)
     # The plan printed and checked before any job, and the extract job's disk check: they
@@ -56,13 +61,16 @@ MODULE_ROLES = {
     "reasoning": LOGIC,
     "provenance": INFRASTRUCTURE,
     "rates": INFRASTRUCTURE,  # the plan's stage time estimates
-    "replay": LOGIC,
     "report": LOGIC,
+    "report.plots": LOGIC,
+    "report.render": LOGIC,
+    "report.sections": LOGIC,
     "runtime": INFRASTRUCTURE,
     "server": INFRASTRUCTURE,
     "server_guard": INFRASTRUCTURE,
     "serving": LOGIC,
     "shards": LOGIC,
+    "stage_keys": INFRASTRUCTURE,
     "stats": LOGIC,
     "synth": LOGIC,
     "target": LOGIC,
@@ -94,6 +102,18 @@ def library_modules() -> list[str]:
             parts.pop()
         names.append(".".join(parts))
     return names
+
+
+# Every module of these packages has the package's role: a new drafter method is one module of
+# methods/, with no entry here.
+PACKAGE_ROLES = {"methods": LOGIC, "diagnostics": DIAGNOSTIC}
+MODULE_ROLES.update(
+    {
+        m: PACKAGE_ROLES[m.split(".")[0]]
+        for m in library_modules()
+        if m.split(".")[0] in PACKAGE_ROLES
+    }
+)
 
 
 def module_file(name: str) -> Path | None:
@@ -190,7 +210,8 @@ def code_fingerprint(path: Path) -> str:
 @functools.cache
 def logic_modules(script: str | Path) -> tuple[str, ...]:
     """The logic modules (``MODULE_ROLES``) a script depends on: those it imports, and those
-    they import, transitively. An infrastructure module is a boundary: what it imports serves
+    they import, transitively (a diagnostic module among them is an error). An infrastructure
+    module is a boundary: what it imports serves
     how a stage runs (config validation importing the train stage's CPU/GPU rule does not make
     every stage depend on training code)."""
     todo = list(_imported_modules(Path(script)))
@@ -203,6 +224,11 @@ def logic_modules(script: str | Path) -> tuple[str, ...]:
             raise KeyError(
                 f"library module {mod!r} is not classified in eagle3_pipeline.workflow."
                 "MODULE_ROLES (logic or infrastructure)"
+            )
+        if MODULE_ROLES[mod] == DIAGNOSTIC:
+            raise ValueError(
+                f"{script} imports the diagnostic module {mod!r}: diagnostics are used by no "
+                "stage (a stage's code moves out of eagle3_pipeline.diagnostics first)"
             )
         seen.add(mod)
         if MODULE_ROLES[mod] == LOGIC:

@@ -20,10 +20,10 @@ import logging
 import time
 from pathlib import Path
 
-from .. import consistency
+from .. import consistency, methods
 from ..config import bench_rounds
 from ..fileio import read_json, sha256_file, write_json
-from ..method_results import predicted_acceptance_length, shorter_block_notes
+from ..methods import predicted_acceptance_length
 from ..provenance import provenance
 from ..server import ServerError, VllmServer
 from ..serving import spec_for_target
@@ -260,12 +260,13 @@ def run(
             + "\n  - ".join(check["problems"])
         )
     method = check["drafter"]["speculators_model_type"]
-    block = check["drafter"].get("block_size")
+    own = methods.get(method)
+    limit = own.drafter_max_tokens(check["drafter"])
     ks = cfg["num_speculative_tokens"]
-    too_many = [k for k in ks if block and k > block - 1]
+    too_many = [k for k in ks if limit is not None and k > limit]
     if too_many:
         raise BenchError(
-            f"a {method} drafter of block size {block} drafts at most {block - 1} tokens; "
+            f"this {method} drafter drafts at most {limit} tokens; "
             f"bench.num_speculative_tokens asks for {too_many}"
         )
     paired = cfg["pairing"] == "alternate"
@@ -277,7 +278,7 @@ def run(
     t0 = time.monotonic()
 
     def drafter_server(k: int) -> VllmServer:
-        spec_cfg = {"model": drafter_dir, "method": method, "num_speculative_tokens": k}
+        spec_cfg = {"model": drafter_dir, **own.speculative_config(), "num_speculative_tokens": k}
         what = f"the server with the {method} drafter (k={k})"
         return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
 
@@ -330,7 +331,7 @@ def run(
         key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
     )
     verdict = judge(runs, cfg)
-    shorter = shorter_block_notes(block, ks)
+    shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
     metrics = {

@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..method_results import best_epoch
+from .. import methods
 from .errors import TrainError
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,12 @@ def clean_checkpoints(
 
 def best_checkpoint(save_path: Path, records: list[dict[str, Any]], method: str) -> Path:
     """The end-of-epoch checkpoint whose validation is best by the method's rule
-    (:func:`eagle3_pipeline.methods.best_epoch`: lowest loss for EAGLE-3, what speculators'
-    ``checkpoint_best`` link follows; highest eal for DFlash), chosen from the validation
-    records of every epoch (speculators keeps ``val_metrics.json`` in the linked one only)."""
+    (:meth:`eagle3_pipeline.methods.base.Method.best_epoch`: lowest loss for EAGLE-3, what
+    speculators' ``checkpoint_best`` link follows; highest eal for DFlash), chosen from the
+    validation records of every epoch (speculators keeps ``val_metrics.json`` in the linked one
+    only)."""
     val = {int(r["epoch"]): r["val"] for r in records if r["kind"] == "val"}
-    epoch = best_epoch(val, method)
+    epoch = methods.get(method).best_epoch(val)
     if epoch is not None and (save_path / str(epoch)).is_dir():
         return save_path / str(epoch)
     dirs = epoch_dirs(save_path)

@@ -22,10 +22,11 @@ OPERATIONAL = frozenset(
 # Fields that are paths: what lies there is fingerprinted instead (a moved or copied run keeps
 # its finished training).
 PATHS = frozenset({"verifier_name_or_path", "data_path", "d2t_path", "t2d_path"})
-# The code that decides what is trained, besides speculators: the config mapping (the methods'
-# fields), the training process and how it reads the data (an edit to export, metrics or plots
-# only re-exports).
-TRAINING_CODE = ("train.trainer_config", "methods", "train.entry", "hs_backend", "shards")
+# The code that decides what is trained, besides speculators: the config mapping, the training
+# process and how it reads the data (an edit to export, metrics or plots only re-exports). What
+# a method module decides for training is all in the trainer fields (``params``), so an edit to
+# a method's labels, checks or predictions re-exports without retraining.
+TRAINING_CODE = ("train.trainer_config", "train.entry", "hs_backend", "shards")
 # What identifies the hidden states in their manifest (eagle3_pipeline.extract.gather).
 HIDDEN_STATES_KEYS = ("samples_sha256", "num_samples", "layer_ids", "storage", "hidden_size")
 

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .. import methods
 from ..fileio import AppendLog
-from ..method_results import metric_keys
 from ..stats import median
 
 METRICS_FORMAT = "eagle3-pipeline/train-metrics@1"
@@ -30,12 +30,12 @@ def summarize(
 ) -> dict[str, Any]:
     """Per-epoch train/val metrics, throughput and resume history from the records.
 
-    The metrics are the method's (:func:`eagle3_pipeline.methods.metric_keys`; ``positions``
-    draft positions: EAGLE-3's TTT steps, DFlash's block slots). A step that was trained twice
-    (after a resume) counts once, from the later attempt. ``warmup_steps`` first steps of every
-    attempt are left out of the throughput figures.
+    The metrics are the method's (:meth:`eagle3_pipeline.methods.base.Method.metric_keys`;
+    ``positions`` draft positions: EAGLE-3's TTT steps, DFlash's block slots). A step that was
+    trained twice (after a resume) counts once, from the later attempt. ``warmup_steps`` first
+    steps of every attempt are left out of the throughput figures.
     """
-    keys = metric_keys(method, positions)
+    keys = methods.get(method).metric_keys(positions)
     train: dict[int, dict] = {}
     for r in records:
         if r["kind"] == "train":

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import methods
 from ..fileio import atomic_path
-from ..method_results import ACCURACY_SERIES
 
 
 def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path) -> None:
@@ -19,7 +19,8 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
         return float("nan") if x is None else float(x)
 
     epochs = metrics["epochs"]
-    method = metrics.get("method", "eagle3")
+    method = metrics.get("method")
+    own = methods.get(method)
     n = metrics["config"]["positions"]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.6))
 
@@ -64,15 +65,13 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
     if finite and max(finite) / min(finite) > 8:  # early spikes would flatten the rest
         ax_loss.set_yscale("log")
     ax_loss.set_xlabel("epoch")
-    ax_loss.set_ylabel(
-        f"loss (sum over {n} TTT steps)" if method == "eagle3" else "loss (block positions)"
-    )
-    ax_loss.set_title(f"Loss ({method})")
+    ax_loss.set_ylabel(own.loss_label(n))
+    ax_loss.set_title(f"Loss ({own.name})")
     ax_loss.grid(alpha=0.3)
     ax_loss.legend(fontsize=8)
 
     colors = plt.cm.viridis([i / max(1, n - 1) * 0.85 for i in range(n)])
-    for style, (field, label) in zip(("o-", "o--"), ACCURACY_SERIES[method], strict=False):
+    for style, (field, label) in zip(("o-", "o--"), own.accuracy_series, strict=False):
         for k in range(n):
             ys_acc = [num(e["val"][field][k]) for e in epochs if "val" in e]
             alpha = 1.0 if style == "o-" else 0.6
@@ -80,11 +79,7 @@ def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("validation accuracy")
     ax_acc.set_ylim(0, 1)
-    ax_acc.set_title(
-        "Validation accuracy per TTT step"
-        if method == "eagle3"
-        else "Validation accuracy per block position"
-    )
+    ax_acc.set_title(f"Validation accuracy per {own.position_label}")
     ax_acc.grid(alpha=0.3)
     ax_acc.legend(fontsize=8, ncol=2)
     for ax in (ax_loss, ax_acc):

@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import consistency
+from .. import consistency, methods
 from ..fileio import AppendLog, read_json, write_json
-from ..method_results import BEST_BY, positions, prediction
 from ..methods import layer_ids_of
 from ..provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
@@ -50,11 +49,12 @@ def run(
     work_dir: str,
     log_path: str | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) and export the drafter of ``cfg["method"]`` (default eagle3); returns
+    """Train (or resume) and export the drafter of ``cfg["method"]`` (the default method when
+    absent); returns
     the metrics written. ``cfg`` is that method's train config
     (:func:`eagle3_pipeline.methods.method_train_config`) with the operational keys."""
     t0 = time.time()
-    method = cfg.get("method", "eagle3")
+    method = methods.of(cfg).name
     target_info = read_json(target_json)
     verifier = str(Path(target_info["model_path"]).resolve())
     manifest_path = Path(manifest_path).resolve()
@@ -165,7 +165,8 @@ def run(
     best = best_checkpoint(save_path, records, method)
     drafter = Path(drafter_dir)
     export_checkpoint(best, drafter, verifier)
-    n_positions = positions(method, train_config)
+    own = methods.get(method)
+    n_positions = own.positions(train_config)
     # the first step of each attempt (worker start, compilation) is left out of throughput
     summary = summarize(records, method, n_positions, warmup_steps=1)
     resolved = {**resolve_auto(cfg), "aux_layer_ids": aux_layer_ids}
@@ -183,11 +184,9 @@ def run(
         "format": METRICS_FORMAT,
         "method": method,
         "best_epoch": best_epoch,
-        "best_by": "validation "
-        + ("lowest " if not BEST_BY[method][1] else "highest ")
-        + BEST_BY[method][0],
+        "best_by": "validation " + ("highest " if own.best_by[1] else "lowest ") + own.best_by[0],
         "best_val_loss": best_val.get("loss"),
-        "prediction": prediction(method, best_val, train_config),
+        "prediction": own.prediction(best_val, train_config),
         **summary,
         "consistency": cons,
         "config": {

@@ -1,6 +1,6 @@
 """The ``train`` config of one drafter method mapped onto speculators' flat ``TrainConfig``
 fields (pure: no file access, no speculators import). The fields every method shares are built
-here, the method's own by :func:`eagle3_pipeline.methods.method_fields`."""
+here, the method's own by :meth:`eagle3_pipeline.methods.base.Method.trainer_fields`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..methods import method_fields
+from ..methods import trainer_fields
 from .errors import TrainError
 
 # Resolved values of the config's "auto" settings: (CPU, GPU).
@@ -20,7 +20,7 @@ AUTO = {
 }
 # Keys the pipeline derives from its inputs; extra_args may not override them (the aux layer ids,
 # for one, come from the hidden-states manifest and are never typed twice; DFlash's causality
-# flag from the window, see methods.py).
+# flag from the window, see methods/dflash.py).
 PROTECTED = frozenset(
     {
         "speculator_type",
@@ -159,7 +159,7 @@ def trainer_args(
         "run_name": "eagle3-pipeline",
     }
     # the method's model and loss: speculator type, draft decoder, layers, attention pattern
-    args.update(method_fields(c))
+    args.update(trainer_fields(c))
     if window is not None:
         args["sliding_window"] = int(window)
     extra = dict(c.get("extra_args") or {})

@@ -1,20 +1,19 @@
 """Where vLLM's drafter proposes otherwise than the replay: every decoding step compared.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/drafter_proposals_cpu.py \\
+    .venv/bin/python lab/drafter_proposals_cpu.py \\
         --run /tmp/drafter-replay/gpu-methods-blocks/results/gpu-methods-blocks \\
         --drafter dflash --k 3 --set mtbench --n 12 \\
         --out benchmarks/results/methods/gpu-methods-blocks_cpu_proposals.json
 
 The counters of a prompt set say only whether replay and served agree in sum. This serves the
 first ``--n`` prompts of a set one at a time on vLLM's offline engine with the drafter's
-``propose`` recorded (``eagle3_pipeline.replay.served_proposals``, what tests/test_replay.py
-checks with tiny drafters) and compares, request by request, vLLM's spec-decode counters with
-the walk and, step by step, vLLM's proposals with the replay's (the k + 1 queries vLLM builds
-for DFlash): for every proposal that differs, the first slot that differs, the replay's margin
-there (top-1 minus top-2 logit: how close to a tie) and which of the two was the target's
-token. ``--run``: a run directory as benchmarks/drafter_replay_cpu.py leaves it (prompts,
-baseline, the local drafter copies and target.json).
-"""
+``propose`` recorded (``eagle3_pipeline.diagnostics.served.served_proposals``, what
+tests/test_replay.py checks with tiny drafters) and compares, request by request, vLLM's
+spec-decode counters with the walk and, step by step, vLLM's proposals with the replay's (the k
++ 1 queries vLLM builds for DFlash): for every proposal that differs, the first slot that
+differs, the replay's margin there (top-1 minus top-2 logit: how close to a tie) and which of
+the two was the target's token. ``--run``: a run directory as lab/drafter_replay_cpu.py leaves
+it (prompts, baseline, the local drafter copies and target.json)."""
 
 from __future__ import annotations
 
@@ -23,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-from eagle3_pipeline import replay as R
+from eagle3_pipeline import diagnostics as R
+from eagle3_pipeline.diagnostics import models
+from eagle3_pipeline.diagnostics import served as vllm_served
 from eagle3_pipeline.fileio import iter_jsonl, read_json, write_json
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import setup_logging
@@ -88,7 +86,7 @@ def main() -> None:
     t0 = time.monotonic()
     work = Path(f"/tmp/drafter-proposals/{args.drafter}-k{args.k}")
     work.mkdir(parents=True, exist_ok=True)
-    served = R.served_proposals(
+    served = vllm_served.served_proposals(
         target_dir,
         drafter_dir,
         method,
@@ -102,17 +100,17 @@ def main() -> None:
     served_s = time.monotonic() - t0
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    drafter, _ = R.load_drafter(drafter_dir, target_dir)
+    drafter, _ = models.load_drafter(drafter_dir, target_dir)
     block = args.k + 1 if method == "dflash" else None
     requests, diffs = [], []
     for index, (row, req) in enumerate(zip(rows, served["requests"], strict=True)):
-        prompt = R.prompt_ids(tokenizer, row["messages"])
+        prompt = models.prompt_ids(tokenizer, row["messages"])
         outputs = req["outputs"]
         ids = prompt + outputs
-        aux = R.target_states(model, ids, layers).flatten(1)
-        props, margins = R.proposals_for(drafter, method, aux, ids, len(prompt), args.k, block)
+        aux = models.target_states(model, ids, layers).flatten(1)
+        props, margins = models.proposals_for(drafter, method, aux, ids, len(prompt), args.k, block)
         cmp = R.compare_proposals(req["proposals"], props, outputs, args.k)
-        w = R.walk(props, outputs, args.k, R.greedy_continuation(model, ids, args.k))
+        w = R.walk(props, outputs, args.k, models.greedy_continuation(model, ids, args.k))
         c = req["counters"]
         found = differences(req["proposals"], props, margins, outputs, args.k)
         diffs += found

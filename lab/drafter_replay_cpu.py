@@ -1,6 +1,6 @@
 """Drafters trained elsewhere (the H200), benchmarked on the CPU and replayed on the same outputs.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/drafter_replay_cpu.py \\
+    .venv/bin/python lab/drafter_replay_cpu.py \\
         --configfile config/gpu-quality.yaml config/gpu-methods.yaml \\
             lab/configs/gpu_methods_blocks.yaml \\
         --home benchmarks/results/gpu_runs/gpu-methods-blocks \\
@@ -22,14 +22,15 @@ replay needs in a scratch run directory (``--work``) and runs it:
    target (``--target``; the drafters' config.json name the GPU host's verifier, so a local
    copy of each names the local target), T = 0, the run's ``bench.max_tokens``, at
    ``--concurrency``, each drafter at every k of ``--k``;
-3. ``eagle3_pipeline.replay.replay_run`` on the baseline's outputs at the same concurrency:
+3. ``eagle3_pipeline.diagnostics.replay.replay_run`` on the baseline's outputs at the same
+   concurrency:
    per drafter, k and set the served tau, the replay (on the baseline's text and on the text
    the served run decoded itself, from the bench cache), the replay with the trained block
    for DFlash at k < block_size - 1, the uniform-anchor figure and validation's prediction,
    next to the GPU's served figures (``--home``'s ``h200_drafter_speed.json``).
 
 ``--limit N`` benchmarks and replays the first N prompts of each set; a re-run reuses the bench
-cache under ``--work``. ``benchmarks/drafter_proposals_cpu.py --run <work>/results/<run>``
+cache under ``--work``. ``lab/drafter_proposals_cpu.py --run <work>/results/<run>``
 then compares vLLM's proposals with the replay's step by step, where the counters disagree.
 """
 
@@ -42,17 +43,15 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from drafter_replay import fmt, parse_ks  # the script beside this one
 
-from drafter_replay import parse_ks  # the scripts beside this one
-from methods_compare import fmt
+REPO = Path(__file__).resolve().parents[1]
 
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline.diagnostics.replay import replay_run
 from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json, write_jsonl
 from eagle3_pipeline.provenance import package_versions
-from eagle3_pipeline.replay import replay_run
 from eagle3_pipeline.runtime import setup_logging
 
 # stats keys that say where and when, not what

@@ -1,24 +1,13 @@
-"""The run's report: one self-contained HTML page (plots inlined) and a Markdown twin.
-
-Reads every stage's stats and manifest, draws the benchmark plots, and puts the verdict on
-top: a drafter that does not work (tau ~ 1) or slows decoding is announced in red, never left
-to a table. With several drafter methods, their benchmarks, training and consistency records
-stand side by side.
-"""
+"""The report's content, as blocks that both renderers read: the verdict banners, benchmark
+and side-by-side tables, training, consistency, and every stage's figures
+(:func:`sections`)."""
 
 from __future__ import annotations
 
-import base64
-import html
-import logging
-import os
-from pathlib import Path
 from typing import Any
 
-from .config import HELDOUT_SET
-from .fileio import atomic_path, read_json
-
-log = logging.getLogger(__name__)
+from .. import methods
+from ..config import HELDOUT_SET
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -33,115 +22,6 @@ def _fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k}: {_fmt(x, digits)}" for k, x in v.items())
     return str(v)
-
-
-# ---- plots -------------------------------------------------------------------------------------
-
-
-def _label(r: dict, methods: int, sep: str = " ") -> str:
-    """A run's label: method (when several are compared), prompt set, k, T, concurrency."""
-    who = f"{r['method']}{sep}" if methods > 1 else ""
-    return f"{who}{r['prompt_set']}{sep}k={r['k']} T={r['temperature']} c={r['concurrency']}"
-
-
-def plot_bench(runs: list[dict], plots_dir: Path) -> dict[str, Path]:
-    """The benchmark plots of every method's runs side by side (``runs`` carry ``method``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in runs if r.get("acceptance_length") is not None]
-    out: dict[str, Path] = {}
-    if not runs:
-        return out
-    n_methods = len({r["method"] for r in runs})
-
-    def save(fig, key: str) -> None:
-        fig.tight_layout()
-        out[key] = plots_dir / f"{key}.png"
-        fig.savefig(out[key], dpi=110)
-        plt.close(fig)
-
-    # Per-position acceptance: one group of bars per draft position, one bar per run.
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    width = 0.8 / len(runs)
-    longest = max(len(r["per_position"] or []) for r in runs)
-    for j, r in enumerate(runs):
-        pos = r["per_position"] or []
-        ax.bar([i + j * width for i in range(len(pos))], pos, width, label=_label(r, n_methods))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate (accepted / drafts)")
-    ax.set_title("Per-position acceptance")
-    ax.set_ylim(0, 1)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(longest)])
-    ax.set_xticklabels([str(i + 1) for i in range(longest)])
-    ax.legend(fontsize=7)
-    save(fig, "acceptance_per_position")
-
-    # Acceptance length, measured next to what training validation predicts.
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    xs = range(len(runs))
-    ax.bar(xs, [r["acceptance_length"] for r in runs], 0.4, label="measured")
-    predicted = [r.get("predicted_acceptance_length") or 0 for r in runs]
-    ax.bar([x + 0.4 for x in xs], predicted, 0.4, label="predicted by validation", alpha=0.8)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([x + 0.2 for x in xs])
-    ax.set_xticklabels([_label(r, n_methods, "\n") for r in runs], fontsize=7)
-    ax.set_ylabel("acceptance length τ (tokens per step)")
-    ax.set_title("Acceptance length per prompt set")
-    ax.legend(fontsize=8)
-    save(fig, "acceptance_length")
-
-    # Throughput: per prompt set (and T, concurrency) the shared baseline, then every drafter
-    # (method, k), each with its speedup over that baseline.
-    groups: dict[tuple, list[dict]] = {}
-    for r in runs:
-        groups.setdefault((r["prompt_set"], r["temperature"], r["concurrency"]), []).append(r)
-    bars = 1 + max(len(g) for g in groups.values())
-    width = 0.8 / bars
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    drafters = sorted({(r["method"], r["k"]) for r in runs}, key=str)
-    colors = {d: f"C{i + 1}" for i, d in enumerate(drafters)}
-    for gi, group in enumerate(groups.values()):
-        base = group[0]
-        ax.bar(
-            gi,
-            base["baseline_tokens_per_s"],
-            width,
-            color="C0",
-            yerr=_spread(base["baseline_tokens_per_s"], base.get("baseline_tokens_per_s_rounds")),
-        )
-        for j, r in enumerate(group, 1):
-            x = gi + j * width
-            ax.bar(
-                x,
-                r["tokens_per_s"],
-                width,
-                color=colors[(r["method"], r["k"])],
-                yerr=_spread(r["tokens_per_s"], r.get("tokens_per_s_rounds")),
-            )
-            ax.text(
-                x, r["tokens_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7
-            )
-    ax.bar([], [], color="C0", label="without drafter")
-    for d, color in colors.items():
-        ax.bar([], [], color=color, label=f"{d[0]} k={d[1]}")
-    ax.set_xticks([gi + (bars - 1) * width / 2 for gi in range(len(groups))])
-    ax.set_xticklabels([f"{n}\nT={t} c={c}" for n, t, c in groups], fontsize=7)
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Throughput with and without each drafter (median, min-max of the rounds)")
-    ax.legend(fontsize=8)
-    save(fig, "throughput")
-    return out
-
-
-def _spread(mid: float, rounds: list[float] | None) -> list[list[float]] | None:
-    """Error bar from the median to the min and max of the rounds (None: one round)."""
-    if not rounds or len(rounds) < 2:
-        return None
-    return [[mid - min(rounds)], [max(rounds) - mid]]
 
 
 # ---- content ----------------------------------------------------------------------------------
@@ -234,9 +114,7 @@ def _drafter_shape(train: dict) -> str:
     t = (train.get("config") or {}).get("trainer") or {}
     if not t:
         return "–"
-    if t.get("speculator_type") == "dflash":
-        return f"{t['num_layers']} Qwen3 layers, block {t['block_size']}"
-    return f"{t.get('num_layers')} Llama layer(s), {t.get('ttt_steps')} TTT steps"
+    return methods.get(t.get("speculator_type")).shape(t)
 
 
 def _side_by_side(methods: dict[str, dict]) -> list:
@@ -314,16 +192,15 @@ def _consistency(methods: dict[str, dict]) -> list:
 
 def _training(name: str, train: dict) -> list:
     """Drafter ``name``'s training (a method's or a variant's: its metrics say which method)."""
-    from .bench.verdict import best_val
-    from .method_results import ACCURACY_SERIES
+    from ..bench.verdict import best_val
 
-    method = train.get("method", "eagle3")
+    own = methods.get(train.get("method"))
     val = best_val(train)
     tp = train.get("throughput") or {}
     epochs = f"{len(train.get('epochs', []))} (epoch {_fmt(train.get('best_epoch'))})"
     acc = lambda xs: " / ".join(_fmt(x, 3) for x in xs or [])  # noqa: E731
-    series = ACCURACY_SERIES.get(method, ACCURACY_SERIES["eagle3"])
-    per = "TTT step" if method == "eagle3" else "block position"
+    series = own.accuracy_series
+    per = own.position_label
     val_rows = [
         [f"validation {field.replace('_', ' ')} per {per}", acc(val.get(field))]
         for field, _ in series
@@ -545,105 +422,3 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
         )
     )
     return out
-
-
-def _img_tag(path: Path | None) -> str:
-    if not path or not Path(path).exists():
-        return ""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return f'<p><img src="data:image/png;base64,{data}" style="max-width:100%"></p>'
-
-
-def render_html(title: str, content: list[tuple[str, list]], images: dict[str, Path]) -> str:
-    e = html.escape
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-        "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
-        "padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px;text-align:left}"
-        "th{background:#f3f3f3}.ok{background:#e6f4ea;border-left:6px solid #1e8e3e}"
-        ".bad{background:#fce8e6;border-left:6px solid #d93025;font-weight:bold}"
-        ".banner{padding:10px 14px;margin:1em 0}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-    ]
-    for heading, blocks in content:
-        parts.append(f"<h2>{e(heading)}</h2>")
-        for b in blocks:
-            if b[0] == "p":
-                parts.append(f"<p>{e(b[1])}</p>")
-            elif b[0] == "banner":
-                parts.append(f"<div class='banner {'ok' if b[1] else 'bad'}'>{e(b[2])}</div>")
-            elif b[0] == "table":
-                parts.append(
-                    "<table><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in b[1]) + "</tr>"
-                )
-                for row in b[2]:
-                    parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>")
-                parts.append("</table>")
-            elif b[0] == "img":
-                parts.append(_img_tag(images.get(b[1])))
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def render_markdown(
-    title: str, content: list[tuple[str, list]], images: dict[str, Path], base: Path
-) -> str:
-    lines = [f"# {title}", ""]
-    for heading, blocks in content:
-        lines += [f"## {heading}", ""]
-        for b in blocks:
-            if b[0] == "p":
-                lines += [b[1], ""]
-            elif b[0] == "banner":
-                lines += [("**OK:** " if b[1] else "**PROBLEM:** ") + b[2], ""]
-            elif b[0] == "table":
-                header = [str(h) or " " for h in b[1]]
-                lines.append("| " + " | ".join(header) + " |")
-                lines.append("|" + "---|" * len(header))
-                for row in b[2]:
-                    lines.append("| " + " | ".join(str(c).replace("|", "/") for c in row) + " |")
-                lines.append("")
-            elif b[0] == "img" and images.get(b[1]) and Path(images[b[1]]).exists():
-                rel = os.path.relpath(Path(images[b[1]]).resolve(), base.resolve())
-                lines += [f"![{b[1]}]({rel})", ""]
-    return "\n".join(lines)
-
-
-def build(
-    inputs: dict[str, str],
-    methods: dict[str, dict[str, str]],
-    html_out,
-    markdown_out,
-    plots_dir,
-    run_name: str,
-    bench_prompt_stats: list[str] = (),
-) -> None:
-    """``inputs`` names each stage's JSON output (and the vocab plot); ``methods`` maps each
-    drafter method to its ``{"train": metrics.json, "train_plot": loss.png, "bench":
-    metrics.json}``; ``bench_prompt_stats`` are the stats files of the benchmark prompt sets,
-    merged into the prompts section."""
-    data = {name: read_json(path) for name, path in inputs.items() if str(path).endswith(".json")}
-    if "prompts" in data:
-        data["prompts"]["bench"] = {
-            name: st for path in bench_prompt_stats for name, st in read_json(path)["bench"].items()
-        }
-    for name in ("synth", "manifest", "vocab", "prompts", "prepare", "target"):
-        data.setdefault(name, {})
-    data["methods"] = {
-        m: {"train": read_json(paths["train"]), "bench": read_json(paths["bench"])}
-        for m, paths in methods.items()
-    }
-    plots_dir = Path(plots_dir)
-    runs = [r for m in data["methods"].values() for r in m["bench"].get("runs", [])]
-    images = plot_bench(runs, plots_dir)
-    images["vocab"] = Path(inputs["vocab_plot"]) if "vocab_plot" in inputs else None
-    for m, paths in methods.items():
-        images[f"train_{m}"] = Path(paths["train_plot"])
-    title = f"Drafter report ({', '.join(methods)}): run {run_name}"
-    content = sections(data)
-    with atomic_path(html_out) as tmp:
-        tmp.write_text(render_html(title, content, images))
-    with atomic_path(markdown_out) as tmp:
-        tmp.write_text(render_markdown(title, content, images, Path(markdown_out).parent))
-    log.info("report: %s", html_out)

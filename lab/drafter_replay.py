@@ -1,16 +1,16 @@
 """Is the drafter served as trained? Replay a finished run's baseline outputs through its drafters.
 
-    .venv/bin/python benchmarks/drafter_replay.py --run results/methods \
+    .venv/bin/python lab/drafter_replay.py --run results/methods \
         --out benchmarks/results/methods/drafter_replay_cpu.json
-    .venv/bin/python benchmarks/drafter_replay.py --run results/methods --rows validation training \
+    .venv/bin/python lab/drafter_replay.py --run results/methods --rows validation training \
         --sets heldout --out benchmarks/results/methods/drafter_replay_rows_cpu.json
-    .venv/bin/python benchmarks/drafter_replay.py --run results/X --methods dflash \
+    .venv/bin/python lab/drafter_replay.py --run results/X --methods dflash \
         --k dflash=3,15 --sets heldout --limit 8
 
 For each prompt set, the baseline's greedy outputs (bench/baseline.json, T=0, concurrency 1 or
 ``--concurrency``) are rendered with the chat template, the target's hidden states for prompt +
 output computed with transformers in float32 (as extraction stores them), and every drafter of
-drafter/<method>/ run on them with speculators' own model code (eagle3_pipeline.replay): the
+drafter/<method>/ run on them with speculators' own model code (eagle3_pipeline.diagnostics): the
 proposals from every output position, then greedy speculative decoding simulated and counted as
 vLLM's counters count. Per method, k and set it prints and writes:
 
@@ -38,17 +38,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-from methods_compare import fmt  # the table cells of the methods comparison, beside this file
-
+from eagle3_pipeline.diagnostics.replay import replay_run
 from eagle3_pipeline.fileio import write_json
 from eagle3_pipeline.provenance import package_versions
-from eagle3_pipeline.replay import replay_run
 from eagle3_pipeline.runtime import setup_logging
+
+
+def fmt(v, digits: int = 3) -> str:
+    """A table cell (as benchmarks/methods_compare.py writes them)."""
+    if v is None:
+        return "-"
+    if isinstance(v, list):
+        return " / ".join(fmt(x, 2) for x in v)
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def parse_ks(items: list[str] | None, methods: list[str] | None) -> dict[str, list[int]]:
