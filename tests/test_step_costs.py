@@ -101,3 +101,17 @@ def test_write_config_reads_back_in_transformers(tmp_path):
         assert cfg.hidden_size == dummy_models.DUMMY_SHAPES[shape]["hidden_size"]
         assert json.loads((d / "config.json").read_text())["architectures"]
     assert AutoConfig.from_pretrained(tmp_path / "kimi-k2-1l").n_routed_experts == 384
+
+
+def test_drafter_config_reads_three_target_layers(tmp_path):
+    d = dummy_models.write_eagle3_drafter("llama-8b", tmp_path / "d")
+    conf = json.loads((d / "config.json").read_text())
+    assert conf["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert conf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 16, 29]
+    assert (conf["hidden_size"], conf["num_hidden_layers"], conf["draft_vocab_size"]) == (
+        4096,
+        1,
+        32000,
+    )
+    with pytest.raises(ValueError):
+        dummy_models.write_eagle3_drafter("kimi-k2-2l", tmp_path / "k")

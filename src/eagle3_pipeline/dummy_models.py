@@ -165,6 +165,8 @@ def write_eagle3_drafter(shape: str, out: Path) -> Path:
     cfg = DUMMY_SHAPES[shape]
     layer = eagle3_layer_config(cfg)
     n = cfg["num_hidden_layers"]
+    if n < 6:  # three distinct layers to read, as every released EAGLE-3 drafter does
+        raise ValueError(f"{shape} has {n} layers: too few for an EAGLE-3 drafter's 3 layers")
     conf = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
