@@ -307,9 +307,8 @@ def costs_of(res: dict, k: int) -> dict:
         "t_draft_ms": step_costs.draft_step(d["fc_ms"]["median"], d["layer_step_ms"]["median"], k),
     }
     spec = res.get("spec_engine", {})
-    if "spec_step_ms" in spec:  # the drafter's share of vLLM's own step, by difference
+    if "spec_step_ms" in spec:
         costs["t_spec_vllm_ms"] = spec["spec_step_ms"]["median"]
-        costs["t_draft_vllm_ms"] = (costs["t_spec_vllm_ms"] - costs["t_verify_ms"]) / k
     return costs
 
 
@@ -330,21 +329,27 @@ def report(results: dict, args) -> dict:
     runs = step_costs.measured_runs(metrics, concurrency=1) if metrics.exists() else []
     taus = {r["prompt_set"]: r["tau"] for r in runs if r["k"] == args.k}
     costs = {s: costs_of(r, args.k) for s, r in results.items() if "target_step_ms" in r}
+    extrapolation = None
     if {"kimi-k2-1l", "kimi-k2-2l"} <= set(costs):
         one, two, layers = costs["kimi-k2-1l"], costs["kimi-k2-2l"], dummy_models.KIMI_K2_LAYERS
-        costs[f"kimi-k2-{layers}l-extrapolated"] = {
-            key: step_costs.extrapolate_layers(one[key], two[key], layers)
-            for key in ("t_target_ms", "t_verify_ms")
-        } | {"t_draft_ms": two["t_draft_ms"]}
+        try:
+            costs[f"kimi-k2-{layers}l-extrapolated"] = {
+                key: step_costs.extrapolate_layers(one[key], two[key], layers)
+                for key in ("t_target_ms", "t_verify_ms")
+            } | {"t_draft_ms": two["t_draft_ms"]}
+        except ValueError as e:
+            extrapolation = f"no {layers}-layer extrapolation: {e}"
     projections = {}
     for shape, c in costs.items():
         if not taus:
             break
-        projections[shape] = step_costs.projections(c, taus, args.k)
-        if "t_draft_vllm_ms" in c:
-            projections[shape]["with_vllm_drafter_step"] = step_costs.projections(
-                c | {"t_draft_ms": c["t_draft_vllm_ms"]}, taus, args.k
+        projections[shape] = {"components": step_costs.projections(c, taus, args.k)}
+        if "t_spec_vllm_ms" in c:
+            projections[shape]["vllm_spec_step"] = step_costs.projections_from_step(
+                c["t_target_ms"], c["t_spec_vllm_ms"], taus
             )
+        if shape == "smollm2-135m":  # the shape the τ was measured on: the measured speedup
+            projections[shape]["measured"] = {r["prompt_set"]: r["speedup"] for r in runs}
     return {
         "what": "step costs at real targets' shapes with random weights; speedups are "
         "projections (eagle3_pipeline.step_costs.projected_speedup), not measurements",
@@ -359,6 +364,7 @@ def report(results: dict, args) -> dict:
         "shapes": results,
         "costs_ms": costs,
         "projections": projections,
+        "extrapolation": extrapolation,
     }
 
 
@@ -422,6 +428,7 @@ def main() -> None:
         "--metrics", default=str(METRICS), help="bench metrics.json with the measured τ"
     )
     ap.add_argument("--timeout", type=int, default=300, help="seconds per engine")
+    ap.add_argument("--from-json", help="recompute the derived figures of a saved --out file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-mode", default="engine", help=argparse.SUPPRESS)
     ap.add_argument("--out")
@@ -429,6 +436,14 @@ def main() -> None:
     if args.prompt_tokens % 16:
         ap.error("--prompt-tokens must be a multiple of 16 (vLLM caches whole blocks)")
 
+    if args.from_json:  # same measurements, derived figures of this code
+        saved = json.loads(Path(args.from_json).read_text())
+        args.k = saved["k"]
+        out = report(saved["shapes"], args) | {"command": saved["command"]}
+        out["recomputed_by"] = " ".join(sys.argv)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        print_projections(out)
+        return
     if args.worker:  # one shape; the parent reads its JSON
         Path(args.out).write_text(json.dumps(worker(args.worker, args), indent=1))
         return
@@ -444,13 +459,24 @@ def main() -> None:
         out = report(results, args)
         if args.out:  # after every engine: a later failure keeps what finished
             Path(args.out).write_text(json.dumps(out, indent=1))
+    print_projections(out)
+
+
+def print_projections(out: dict) -> None:
     print(json.dumps(out["costs_ms"], indent=1))
-    for s, p in out["projections"].items():
-        print(
-            f"{s}: step {p['t_spec_ms']:.3f} ms, break-even τ {p['break_even_tau']:.2f}, "
-            + ", ".join(f"{n} {v:.2f}x" for n, v in p["speedup"].items())
-            + " (projected)"
-        )
+    for shape, ways in out["projections"].items():
+        for way, p in ways.items():
+            if way == "measured":
+                print(f"{shape} measured: " + ", ".join(f"{n} {v:.2f}x" for n, v in p.items()))
+                continue
+            print(
+                f"{shape} ({way}): step {p['t_spec_ms']:.3f} ms, break-even τ "
+                f"{p['break_even_tau']:.2f}, "
+                + ", ".join(f"{n} {v:.2f}x" for n, v in p["speedup"].items())
+                + " (projected)"
+            )
+    if out.get("extrapolation"):
+        print(out["extrapolation"])
 
 
 if __name__ == "__main__":

@@ -54,6 +54,14 @@ def test_per_step_and_verify_differences():
 def test_layer_extrapolation():
     # 1 layer: 2 ms of fixed cost + 1 ms layer; 2 layers: 4 ms -> 61 layers: 2 + 61 * 1
     assert step_costs.extrapolate_layers(3.0, 4.0, 61) == pytest.approx(63.0)
+    with pytest.raises(ValueError, match="not resolved"):  # as the H200 Kimi cuts measured
+        step_costs.extrapolate_layers(1.5586, 1.4733, 61)
+
+
+def test_projection_from_a_measured_step():
+    p = step_costs.projections_from_step(4.9, 6.4, {"mtbench": 1.21})
+    assert p["break_even_tau"] == pytest.approx(6.4 / 4.9)
+    assert p["speedup"]["mtbench"] == pytest.approx(1.21 * 4.9 / 6.4)
 
 
 def test_summary():

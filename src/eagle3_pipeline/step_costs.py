@@ -67,7 +67,13 @@ def draft_step(t_first_extra: float, t_layer_step: float, k: int) -> float:
 def extrapolate_layers(t_one: float, t_two: float, layers: int) -> float:
     """A step of the full ``layers``-layer model from the 1- and the 2-layer cut: what the cut
     costs beyond its layers (embedding, head, sampling, launch) plus ``layers`` times the
-    marginal layer (t_two - t_one)."""
+    marginal layer (t_two - t_one). Refused where the 2-layer cut is not the slower: the
+    layer's cost is then below what the measurement resolves."""
+    if t_two <= t_one:
+        raise ValueError(
+            f"the 2-layer cut ({t_two:.3f}) is not slower than the 1-layer one ({t_one:.3f}): "
+            "the marginal layer is not resolved"
+        )
     return t_one + (layers - 1) * (t_two - t_one)
 
 
@@ -106,6 +112,16 @@ def measured_runs(metrics_path: str | Path, concurrency: int = 1) -> list[dict]:
             }
         )
     return rows
+
+
+def projections_from_step(t_target: float, t_spec: float, taus: dict[str, float]) -> dict:
+    """The projection from a whole speculative step measured as such (vLLM serving the target
+    with the drafter): speedup τ · t_target / t_spec, break-even τ t_spec / t_target."""
+    return {
+        "t_spec_ms": t_spec,
+        "break_even_tau": t_spec / t_target,
+        "speedup": {name: tau * t_target / t_spec for name, tau in taus.items()},
+    }
 
 
 def projections(costs: dict, taus: dict[str, float], k: int) -> dict:
