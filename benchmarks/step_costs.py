@@ -5,7 +5,8 @@ the measured τ would give there: a projection, not a measurement of speculative
         --out step_costs.json
 
 Per shape, in a process of its own (vLLM 0.26 offline ``LLM``, ``load_format="dummy"``, token
-ids in and out, batch 1, prefix caching on, CUDA graphs as vLLM captures them by default):
+ids in and out, batch 1, prefix caching on, torch.compile and CUDA graphs of 1, 2, k + 1,
+2(k + 1) and 8 tokens):
 - target step: the same P-token prompt generated with ``max_tokens`` n and n + N (ignore_eos,
   T = 0); (t(n + N) - t(n)) / N, so prefill and request handling cancel;
 - verify step of k + 1 tokens: after the P-token prefix is cached, requests of max_tokens 1
@@ -15,11 +16,19 @@ ids in and out, batch 1, prefix caching on, CUDA graphs as vLLM captures them by
   [embedding; hidden state], the draft head of 32,000 tokens, the fc over 3 captured hidden
   states on the first of the k steps; layer shape as speculators derives it from the target)
   timed directly in torch as CUDA-graph replays with a KV cache of P tokens: the GPU time of
-  the step, without vLLM's per-step scheduling.
+  the step, without vLLM's per-step scheduling;
+- with --spec-engine: the whole speculative step as vLLM runs it, the target served with a
+  random-weight EAGLE-3 drafter (k drafts a step; random drafts are next to never accepted,
+  and vLLM's counters give the tokens a step emits), per token by the same difference as the
+  target step.
+The verify estimate runs k + 1 query tokens through the prefill path (piecewise graphs), not
+the uniform-decode graph a speculative engine verifies with, so it overstates verification
+where launches dominate (the 135M shape); the spec-engine step is the faithful one.
 Each timing is repeated in --rounds rounds; medians, with min and max, are reported. Then
 ``eagle3_pipeline.step_costs.projections`` with the τ the bench stage measured on the 135M
-target at concurrency 1 (--metrics), and for kimi-k2-1l + kimi-k2-2l the 61-layer
-extrapolation (1-layer cut + 60 marginal MoE layers).
+target at concurrency 1 (--metrics), from the component sum and, where measured, from
+vLLM's own step; for kimi-k2-1l + kimi-k2-2l the 61-layer extrapolation (1-layer cut + 60
+marginal MoE layers) where the 2-layer cut measured slower.
 """
 
 from __future__ import annotations
