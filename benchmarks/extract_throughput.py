@@ -29,11 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target
 from eagle3_pipeline import extract, target
+from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import VllmServer, spec_from_config
+
 
 async def minimal_client(base_url: str, model: str, rows: list[list[int]], concurrency: int):
     import fcntl
