@@ -30,57 +30,11 @@ sys.path.insert(0, str(REPO / "src"))
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
+from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import VllmServer
 from eagle3_pipeline.serving import spec_from_config
-
-# Shapes for --dummy-shape: the prefill (and the bytes captured per token) of a real target.
-DUMMY_SHAPES = {
-    "llama-8b": {  # Llama-3.1-8B: 4 captured layers x 4096 x bf16 = 32 KiB a token
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "vocab_size": 128256,
-        "max_position_embeddings": 8192,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-    }
-}
-
-
-def dummy_target(shape: str, tokenizer_dir: Path, out: Path) -> dict:
-    """A model directory of ``shape`` for vLLM's dummy loader: its config, the tokenizer of
-    ``tokenizer_dir`` (ids of the dataset stay valid: its vocabulary is smaller), and random
-    final-norm and lm_head weights, so the pipeline's next-token probe does its real work."""
-    import torch
-    from safetensors.torch import save_file
-
-    cfg = DUMMY_SHAPES[shape]
-    out.mkdir(parents=True, exist_ok=True)
-    for f in tokenizer_dir.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
-            shutil.copy(f, out / f.name)
-    (out / "config.json").write_text(json.dumps(cfg))
-    g = torch.Generator().manual_seed(0)
-    save_file(
-        {
-            "model.norm.weight": torch.ones(cfg["hidden_size"], dtype=torch.bfloat16),
-            "lm_head.weight": (
-                torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=g) * 0.02
-            ).to(torch.bfloat16),
-        },
-        str(out / "model.safetensors"),
-    )
-    return {"model_path": str(out), "architecture": target.architecture(out)}
 
 
 async def minimal_client(base_url: str, model: str, rows: list[list[int]], concurrency: int):
