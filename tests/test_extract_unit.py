@@ -208,3 +208,17 @@ def test_gather_checks_parts_agree_and_cover_all(tmp_path):
     for k in range(12):
         assert inputs[f"part_{k}"]["path"] == str(tmp_path / f"part_{k}.json")
         assert json.loads(Path(inputs[f"part_{k}"]["path"]).read_text())["part"] == k
+
+
+def test_one_batched_probe_call_gives_each_sample_its_own_agreement(greedy_row, probe):
+    """The validator probes many samples in one call: a corrupted sample among good ones
+    still scores as it does alone, and the good ones keep full agreement."""
+    ids, mask, h = greedy_row["ids"], greedy_row["mask"], greedy_row["hidden"][:, -1]
+    positions = verify.probe_positions(ids, mask, 256)
+    targets = [ids[p + 1] for p in positions]
+    shifted = torch.roll(h, shifts=1, dims=0)
+    batch = [(x[positions], targets) for x in (h, shifted, h, torch.zeros_like(h))]
+    hits = probe.agreement_batch(batch, rows_per_call=7)  # chunks that split samples
+    alone = [probe.agreement(x, ids, mask, 256)[0] for x in (h, shifted, h, torch.zeros_like(h))]
+    assert hits == alone
+    assert hits[0] == hits[2] == len(positions) and hits[1] < len(positions) / 2
