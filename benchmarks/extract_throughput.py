@@ -340,6 +340,9 @@ def main() -> None:
                     "surroundings_before": before,
                     "surroundings_servers_up": result["before"],
                     "tokens": tokens,
+                    "agreement_positions_per_sample": cfg["extract"][
+                        "agreement_positions_per_sample"
+                    ],
                     "architecture": info["architecture"],
                     "args": vars(args),
                     "vllm": cfg["vllm"],

@@ -49,8 +49,9 @@ def test_probe_agrees_with_greedy_answers(greedy_row, probe):
     assert checked == 24 and hits == checked
 
 
+@pytest.mark.parametrize("positions", [16, 256])  # the default, and every position
 @pytest.mark.parametrize("corruption", ["shift", "zero", "wrong_layer"])
-def test_probe_catches_corrupted_hidden_states(greedy_row, probe, corruption):
+def test_probe_catches_corrupted_hidden_states(greedy_row, probe, corruption, positions):
     h = greedy_row["hidden"][:, -1]
     if corruption == "shift":  # off by one position: the failure that silently costs weeks
         h = torch.roll(h, shifts=1, dims=0)
@@ -58,8 +59,8 @@ def test_probe_catches_corrupted_hidden_states(greedy_row, probe, corruption):
         h = torch.zeros_like(h)
     else:  # an aux layer stored where the final layer belongs
         h = greedy_row["hidden"][:, 0]
-    hits, checked = probe.agreement(h, greedy_row["ids"], greedy_row["mask"], 256)
-    assert hits / checked < 0.5
+    hits, checked = probe.agreement(h, greedy_row["ids"], greedy_row["mask"], positions)
+    assert checked == min(positions, 24) and hits / checked < 0.5
 
 
 def test_check_sample_rejects_bad_samples(greedy_row):
