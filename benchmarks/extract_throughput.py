@@ -7,34 +7,68 @@
 completion (what extraction costs at the least); (b) extraction: a server with the
 extract_hidden_states method and the pipeline's connector, driven by the extract stage's client
 (verification, next-token probe, checksums, shard journal); (c) on that same server, a minimal
-client that only fetches each file and deletes it, in alternating rounds with (b): (c)/(a) is
-what vLLM's capture costs, (b)/(c) what the pipeline's client adds. Prefix caching is off so
-repeated rounds measure the same work. Prompt tokens/s of each, median over rounds, and the
-ratios (goal (b)/(a) >= 0.90) are printed; server start-up is excluded.
+client that only fetches each file and deletes it: (c)/(a) is what vLLM's capture costs,
+(b)/(c) what the pipeline's client adds. Both servers are up together and every round runs
+(a), (b) and (c), the order reversed every round (eagle3_pipeline.bench.rounds; at least 3
+rounds). Prefix caching is off so repeated rounds measure the same work. Prompt tokens/s of
+each with its spread (median, min-max), the ratios (goal (b)/(a) >= 0.90), and the client's
+CPU seconds per sample (this process: requests, validator, probe) are printed and kept; the
+result records what else ran on the machine before and after every round. A GPU that other
+processes use is refused unless --allow-shared-gpu. Server start-up is excluded.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
+from eagle3_pipeline.bench import rounds as rounds_lib
 from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import VllmServer
 from eagle3_pipeline.serving import spec_from_config
+
+
+def packaged_rows(tokenizer_dir: Path, n: int, seq_length: int, prompts_cfg: dict):
+    """``n`` rows shaped like prepare's from the packaged ShareGPT prompts, for a machine
+    without a pipeline run: each a chat of one prompt and, as the answer, the next prompt's
+    text (loss mask on the answer), cut to ``seq_length`` tokens. Prefill and capture cost
+    depend on the number of tokens only; the next-token agreement of these rows is low (the
+    answers are not the target's own), the probe's work is the same."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    from eagle3_pipeline import prompts
+    from eagle3_pipeline.fileio import iter_jsonl
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts.build_train(
+            {**prompts_cfg, "train": [{"source": "sharegpt", "n": n + 1}], "heldout": 0},
+            train_out=Path(tmp) / "p.jsonl.zst",
+            stats_out=Path(tmp) / "s.json",
+        )
+        texts = [r["messages"][0]["content"] for r in iter_jsonl(Path(tmp) / "p.jsonl.zst")]
+    rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    for q, a in itertools.pairwise(texts[: n + 1]):
+        user = [{"role": "user", "content": q}]
+        text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        head = tok(text, add_special_tokens=False)["input_ids"]
+        answer = tok(a, add_special_tokens=False)["input_ids"]
+        ids = (head + answer)[:seq_length]
+        rows["input_ids"].append(ids)
+        rows["loss_mask"].append(([0] * len(head) + [1] * len(answer))[:seq_length])
+        rows["seq_len"].append(len(ids))
+    return datasets.Dataset.from_dict(rows)
 
 
 async def minimal_client(base_url: str, model: str, rows: list[list[int]], concurrency: int):
@@ -75,12 +109,27 @@ async def bare_prefill(base_url: str, model: str, rows: list[list[int]], concurr
 
 
 def main() -> None:
+    repo = Path(__file__).resolve().parents[1]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default=str(REPO / "results/default/prepare/dataset"))
-    ap.add_argument("--target", default=str(REPO / "results/default/target/target.json"))
+    ap.add_argument(
+        "--dataset",
+        help="a prepared data set (results/<run>/prepare/dataset); default: rows built from "
+        "the packaged prompts (see packaged_rows)",
+    )
+    ap.add_argument(
+        "--target",
+        help="a target.json (results/<run>/target/target.json); default: the packaged "
+        "SmolLM2, materialized under tests/.cache",
+    )
+    ap.add_argument("--seq-length", type=int, default=512, help="of the packaged rows")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (a), (b), (c) (>= 3)")
+    ap.add_argument(
+        "--allow-shared-gpu",
+        action="store_true",
+        help="measure even when other processes use the GPU (recorded in the result)",
+    )
     ap.add_argument("--storage", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--omp-threads", help="OMP_NUM_THREADS for the CPU server")
     ap.add_argument("--positions", type=int, help="extract.agreement_positions_per_sample")
@@ -100,20 +149,32 @@ def main() -> None:
     )
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.rounds < 3:
+        ap.error("--rounds: at least 3 (a spread needs them)")
     setup_logging(None)
+    before = rounds_lib.refuse_shared_gpu(args.allow_shared_gpu)
     from datasets import load_from_disk
 
-    info = target.load_info(args.target)
+    base = cfglib.load(args.config) if args.config else cfglib.validate({})
+    target_json = args.target
+    if not target_json:
+        dtype = "float32" if base["vllm"]["device"] == "cpu" else "bfloat16"
+        target_json = repo / "tests" / ".cache" / f"target-{dtype}" / "target.json"
+        if not target_json.exists():
+            target.materialize({"source": "packaged", "dtype": dtype, "path": None}, target_json)
+    info = target.load_info(target_json)
+    if args.dataset:
+        ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))
+    else:
+        ds = packaged_rows(Path(info["model_path"]), args.rows, args.seq_length, base["prompts"])
     extra = ["--no-enable-prefix-caching"]
     if args.dummy_shape:
         info = dummy_target(args.dummy_shape, Path(info["model_path"]), Path(tempfile.mkdtemp()))
         extra += ["--load-format", "dummy"]
     if args.gpu_memory_utilization:  # vLLM takes the last of repeated flags
         extra += ["--gpu-memory-utilization", args.gpu_memory_utilization]
-    ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))
     rows = ds["input_ids"]
     tokens = sum(len(r) for r in rows)
-    base = cfglib.load(args.config) if args.config else cfglib.validate({})
     cfg = cfglib.validate(
         {
             "vllm": base["vllm"],
@@ -124,32 +185,33 @@ def main() -> None:
         cfg["extract"]["agreement_positions_per_sample"] = args.positions
     if args.omp_threads:
         cfg["vllm"]["env"]["OMP_NUM_THREADS"] = args.omp_threads
-    rates = {"bare": [], "extract": [], "minimal": []}
-
-    spec = spec_from_config(cfg["vllm"], info["model_path"], extra_args=extra)
-    with VllmServer(spec, Path(tempfile.gettempdir()) / "extract-bench-bare.log") as s:
-        asyncio.run(bare_prefill(s.base_url, s.model_name, rows[:2], 1))  # warm-up
-        for _ in range(args.rounds):
-            t0 = time.monotonic()
-            asyncio.run(bare_prefill(s.base_url, s.model_name, rows, args.concurrency))
-            rates["bare"].append(tokens / (time.monotonic() - t0))
-            print(f"bare prefill  {rates['bare'][-1]:9.1f} tok/s", flush=True)
-
     arch = info["architecture"]
     _, captured, final = extract.resolve_layers(cfg["extract"], arch)
+    layer_ids = [*captured, final]
+    n = len(rows)
+
+    def timed(run):
+        t0, c0 = time.monotonic(), time.process_time()
+        out = run() or {}
+        wall, cpu = time.monotonic() - t0, time.process_time() - c0
+        return {"tokens_per_s": tokens / wall, "client_cpu_s_per_sample": cpu / n, **out}
+
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp) / "staging"
-        spec = extract.server_spec(cfg["vllm"], info, [*captured, final], staging, cfg["extract"])
-        spec.extra_args += extra
-        probe = extract.NextTokenProbe(info["model_path"], arch)
+        capture_spec = extract.server_spec(cfg["vllm"], info, layer_ids, staging, cfg["extract"])
+        capture_spec.extra_args += extra
+        bare_spec = spec_from_config(cfg["vllm"], info["model_path"], extra_args=extra)
+        probe = extract.NextTokenProbe(info["model_path"], arch, cfg["extract"]["verify_device"])
+        logs = Path(tempfile.gettempdir())
+        done = [0]
 
-        def full(server, r: int, todo: list[int]) -> float:
-            root = Path(tmp) / f"hs{r}"
+        def full(server, todo: list[int]) -> dict:
+            done[0] += 1
+            root = Path(tmp) / f"hs{done[0]}"
             book = extract.ShardBook(root, 64, range(args.rows))
             ex = extract.Extractor(
-                ds, book, probe, [*captured, final], arch["hidden_size"], cfg["extract"], staging
+                ds, book, probe, layer_ids, arch["hidden_size"], cfg["extract"], staging
             )
-            t0 = time.monotonic()
             asyncio.run(
                 ex.run(
                     server.base_url,
@@ -159,45 +221,83 @@ def main() -> None:
                     server.check_alive,
                 )
             )
-            dt = time.monotonic() - t0
-            print("  client seconds per phase:", {k: round(v, 2) for k, v in ex.timings.items()})
             book.close()
             shutil.rmtree(root)
-            return dt
+            return {
+                "validator_s_per_phase": {k: round(v, 3) for k, v in ex.timings.items()},
+                "probe_batches": getattr(ex, "probe_batches", None),  # None: one per sample
+                "next_token_agreement": ex.hits / ex.checked if ex.checked else None,
+            }
 
-        with VllmServer(spec, Path(tempfile.gettempdir()) / "extract-bench-capture.log") as s:
-            full(s, 0, [0, 1])  # warm-up
-            # alternate the two clients (full, minimal, minimal, full, ...) against drift
-            order = (["full", "minimal", "minimal", "full"] * args.rounds)[: 2 * args.rounds]
-            for r, which in enumerate(order, start=1):
-                t0 = time.monotonic()
-                if which == "full":
-                    full(s, r, list(range(args.rows)))
-                    key, label = "extract", "extraction   "
-                else:
-                    asyncio.run(minimal_client(s.base_url, s.model_name, rows, args.concurrency))
-                    key, label = "minimal", "capture only "
-                rates[key].append(tokens / (time.monotonic() - t0))
-                print(f"{label} {rates[key][-1]:9.1f} tok/s", flush=True)
-    med = {k: statistics.median(v) for k, v in rates.items()}
+        with (
+            VllmServer(bare_spec, logs / "extract-bench-bare.log") as bare_server,
+            VllmServer(capture_spec, logs / "extract-bench-capture.log") as cap,
+        ):
+            asyncio.run(bare_prefill(bare_server.base_url, bare_server.model_name, rows[:2], 1))
+            full(cap, [0, 1])  # warm-up
+            variants = {
+                "bare": lambda: timed(
+                    lambda: asyncio.run(
+                        bare_prefill(
+                            bare_server.base_url, bare_server.model_name, rows, args.concurrency
+                        )
+                    )
+                ),
+                "extract": lambda: timed(lambda: full(cap, list(range(args.rows)))),
+                "minimal": lambda: timed(
+                    lambda: asyncio.run(
+                        minimal_client(cap.base_url, cap.model_name, rows, args.concurrency)
+                    )
+                ),
+            }
+            result = rounds_lib.alternate(variants, args.rounds, [bare_server, cap])
+    rates = {
+        k: rounds_lib.figure(result, k, "tokens_per_s") for k in ("bare", "extract", "minimal")
+    }
+    cpu = {k: rounds_lib.figure(result, k, "client_cpu_s_per_sample") for k in rates}
+    spread = {k: rounds_lib.spread(v) for k, v in rates.items()}
+    cpu_spread = {k: rounds_lib.spread(v) for k, v in cpu.items()}
+    med = {k: v["median"] for k, v in spread.items()}
     ratio = med["extract"] / med["bare"]
+    paired = rounds_lib.spread(rounds_lib.paired_ratios(result, "extract", "bare", "tokens_per_s"))
+
+    def mm(k: str) -> str:
+        return f"({spread[k]['min']:.1f}-{spread[k]['max']:.1f})"
+
     print(
-        f"\n{args.rows} rows, {tokens} tokens, concurrency {args.concurrency}, medians:\n"
-        f"  extraction / bare prefill   {med['extract']:.1f} / {med['bare']:.1f} = {ratio:.3f}"
-        " (goal >= 0.90)\n"
-        f"  capture only / bare prefill {med['minimal']:.1f} / {med['bare']:.1f} = "
-        f"{med['minimal'] / med['bare']:.3f} (what vLLM's capture costs)\n"
+        f"\n{args.rows} rows, {tokens} tokens, concurrency {args.concurrency}, "
+        f"{args.rounds} rounds, medians (min-max):\n"
+        f"  extraction / bare prefill   {med['extract']:.1f} {mm('extract')} / "
+        f"{med['bare']:.1f} {mm('bare')} = {ratio:.3f} (goal >= 0.90; per round "
+        f"{paired['min']:.3f}-{paired['max']:.3f})\n"
+        f"  capture only / bare prefill {med['minimal']:.1f} {mm('minimal')} / {med['bare']:.1f}"
+        f" = {med['minimal'] / med['bare']:.3f} (what vLLM's capture costs)\n"
         f"  extraction / capture only   {med['extract'] / med['minimal']:.3f} "
-        "(what the pipeline's client adds, same server, alternating rounds)"
+        "(what the pipeline's client adds, same server)\n"
+        f"  client CPU s per sample: extraction {cpu_spread['extract']['median']:.4f}, "
+        f"capture only {cpu_spread['minimal']['median']:.4f}, "
+        f"bare {cpu_spread['bare']['median']:.4f}"
     )
     if args.out:
         Path(args.out).write_text(
             json.dumps(
                 {
+                    "protocol": "alternating rounds, order reversed every round",
                     "rates": rates,
                     "median": med,
+                    "spread": spread,
                     "ratio": ratio,
+                    "ratio_per_round": paired,
+                    "capture_ratio": med["minimal"] / med["bare"],
+                    "client_cpu_s_per_sample": cpu,
+                    "client_cpu_s_per_sample_spread": cpu_spread,
+                    "rounds": result["rounds"],
+                    "surroundings_before": before,
+                    "surroundings_servers_up": result["before"],
                     "tokens": tokens,
+                    "agreement_positions_per_sample": cfg["extract"][
+                        "agreement_positions_per_sample"
+                    ],
                     "architecture": info["architecture"],
                     "args": vars(args),
                     "vllm": cfg["vllm"],

@@ -3,13 +3,16 @@
     .venv/bin/python benchmarks/synth_throughput.py --prompts 64 --concurrency 16 --max-tokens 64
 
 Starts one vLLM server on the target (default: the packaged SmolLM2, materialized under
-tests/.cache) with prefix caching off, then alternates runs of (a) the pipeline's synth client
-(the openai client with retries, journaling every record, progress) and (b) a bare aiohttp
-client firing the same requests, in the order a b b a ..., and reports completion tokens/s of
-each and the ratio, and the CPU time each client spends per request (the server is another
-process: on a GPU host, where the server is fast, a client's CPU per request caps its rate).
---profile adds one unmeasured pipeline run under cProfile and prints where its CPU time goes.
-Goal: ratio >= 0.95.
+tests/.cache) with prefix caching off, then runs --rounds rounds (at least 3) of (a) the
+pipeline's synth client (the openai client with retries, journaling every record, progress)
+and (b) a bare aiohttp client firing the same requests, the order reversed every round
+(eagle3_pipeline.bench.rounds), and reports completion tokens/s of each with its spread
+(median, min-max), the ratio, and the CPU time each client spends per request (the server is
+another process: on a GPU host, where the server is fast, a client's CPU per request caps its
+rate). The result records what else ran on the machine (GPU processes and utilization, load
+average) before and after every round; a GPU that other processes use is refused unless
+--allow-shared-gpu. --profile adds one unmeasured pipeline run under cProfile and prints where
+its CPU time goes. Goal: ratio >= 0.95.
 """
 
 from __future__ import annotations
@@ -17,22 +20,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, synth, target
+from eagle3_pipeline.bench import rounds as rounds_lib
 from eagle3_pipeline.fileio import AppendLog
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import Endpoint, VllmServer
 from eagle3_pipeline.serving import spec_from_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
@@ -87,14 +88,22 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (a b b a per two)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of both clients (>= 3)")
+    ap.add_argument(
+        "--allow-shared-gpu",
+        action="store_true",
+        help="measure even when other processes use the GPU (recorded in the result)",
+    )
     ap.add_argument(
         "--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)"
     )
     ap.add_argument("--profile", action="store_true", help="profile one extra pipeline run")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
+    if args.rounds < 3:
+        ap.error("--rounds: at least 3 (a spread needs them)")
     setup_logging(None)
+    before = rounds_lib.refuse_shared_gpu(args.allow_shared_gpu)
 
     base = cfglib.load(args.config) if args.config else cfglib.validate({})
     cfg = cfglib.validate(
@@ -121,38 +130,48 @@ def main() -> None:
         rows = list(iter_jsonl(Path(tmp) / "p.jsonl.zst"))
 
     spec = spec_from_config(cfg["vllm"], model, extra_args=["--no-enable-prefix-caching"])
-    figures = {"bare": [], "pipeline": []}
-    cpu_ms = {"bare": [], "pipeline": []}  # client CPU milliseconds per request
     profile = None
-    with VllmServer(spec, Path(tempfile.gettempdir()) / "synth-bench-server.log") as server:
-        ep = Endpoint(base_url=server.base_url, model=server.model_name, server=server)
-        asyncio.run(bare(ep, rows[:4], cfg["synth"]))  # warm-up
-        order = (["pipeline", "bare", "bare", "pipeline"] * args.rounds)[: 2 * args.rounds]
-        for which in order:
+
+    def timed(which: str):
+        def run() -> dict:
             t0, c0 = time.monotonic(), time.process_time()
             tokens = (
                 pipeline(ep, rows, cfg["synth"])
                 if which == "pipeline"
                 else asyncio.run(bare(ep, rows, cfg["synth"]))
             )
-            rate = tokens / (time.monotonic() - t0)
-            figures[which].append(rate)
-            cpu_ms[which].append(1000 * (time.process_time() - c0) / len(rows))
-            print(
-                f"{which:9s} {tokens:7d} tokens  {rate:8.1f} tok/s  "
-                f"client CPU {cpu_ms[which][-1]:.2f} ms/request",
-                flush=True,
-            )
+            wall = time.monotonic() - t0
+            return {
+                "tokens_per_s": tokens / wall,
+                "client_cpu_ms_per_request": 1000 * (time.process_time() - c0) / len(rows),
+                "tokens": tokens,
+                "wall_s": wall,
+            }
+
+        return run
+
+    with VllmServer(spec, Path(tempfile.gettempdir()) / "synth-bench-server.log") as server:
+        ep = Endpoint(base_url=server.base_url, model=server.model_name, server=server)
+        asyncio.run(bare(ep, rows[:4], cfg["synth"]))  # warm-up
+        result = rounds_lib.alternate(
+            {"pipeline": timed("pipeline"), "bare": timed("bare")}, args.rounds, [server]
+        )
         if args.profile:
             profile = profiled(lambda: pipeline(ep, rows, cfg["synth"]))
-    med = {k: statistics.median(v) for k, v in figures.items()}
-    med_cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
-    ratio = med["pipeline"] / med["bare"]
+    rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in ("pipeline", "bare")}
+    cpu = {k: rounds_lib.figure(result, k, "client_cpu_ms_per_request") for k in rates}
+    spread = {k: rounds_lib.spread(v) for k, v in rates.items()}
+    cpu_spread = {k: rounds_lib.spread(v) for k, v in cpu.items()}
+    ratio = spread["pipeline"]["median"] / spread["bare"]["median"]
+    paired = rounds_lib.spread(rounds_lib.paired_ratios(result, "pipeline", "bare", "tokens_per_s"))
     print(
-        f"\nmedian tok/s: pipeline {med['pipeline']:.1f}, bare {med['bare']:.1f}; "
-        f"ratio {ratio:.3f} (goal >= 0.95)\n"
-        f"client CPU per request: pipeline {med_cpu['pipeline']:.2f} ms, "
-        f"bare {med_cpu['bare']:.2f} ms"
+        f"\nmedian tok/s (min-max): pipeline {spread['pipeline']['median']:.1f} "
+        f"({spread['pipeline']['min']:.1f}-{spread['pipeline']['max']:.1f}), "
+        f"bare {spread['bare']['median']:.1f} "
+        f"({spread['bare']['min']:.1f}-{spread['bare']['max']:.1f}); "
+        f"ratio {ratio:.3f} (goal >= 0.95), per round {paired['min']:.3f}-{paired['max']:.3f}\n"
+        f"client CPU per request: pipeline {cpu_spread['pipeline']['median']:.2f} ms, "
+        f"bare {cpu_spread['bare']['median']:.2f} ms"
     )
     if profile:
         print(profile)
@@ -160,10 +179,17 @@ def main() -> None:
         Path(args.out).write_text(
             json.dumps(
                 {
-                    "runs": figures,
-                    "median": med,
+                    "protocol": "alternating rounds, order reversed every round",
+                    "runs": rates,
+                    "median": {k: v["median"] for k, v in spread.items()},
+                    "spread": spread,
                     "ratio": ratio,
-                    "client_cpu_ms_per_request": cpu_ms,
+                    "ratio_per_round": paired,
+                    "client_cpu_ms_per_request": cpu,
+                    "client_cpu_ms_per_request_spread": cpu_spread,
+                    "rounds": result["rounds"],
+                    "surroundings_before": before,
+                    "surroundings_servers_up": result["before"],
                     "profile_top": profile,
                     "args": vars(args),
                     "vllm": cfg["vllm"],

@@ -49,8 +49,9 @@ def test_probe_agrees_with_greedy_answers(greedy_row, probe):
     assert checked == 24 and hits == checked
 
 
+@pytest.mark.parametrize("positions", [16, 256])  # the default, and every position
 @pytest.mark.parametrize("corruption", ["shift", "zero", "wrong_layer"])
-def test_probe_catches_corrupted_hidden_states(greedy_row, probe, corruption):
+def test_probe_catches_corrupted_hidden_states(greedy_row, probe, corruption, positions):
     h = greedy_row["hidden"][:, -1]
     if corruption == "shift":  # off by one position: the failure that silently costs weeks
         h = torch.roll(h, shifts=1, dims=0)
@@ -58,8 +59,8 @@ def test_probe_catches_corrupted_hidden_states(greedy_row, probe, corruption):
         h = torch.zeros_like(h)
     else:  # an aux layer stored where the final layer belongs
         h = greedy_row["hidden"][:, 0]
-    hits, checked = probe.agreement(h, greedy_row["ids"], greedy_row["mask"], 256)
-    assert hits / checked < 0.5
+    hits, checked = probe.agreement(h, greedy_row["ids"], greedy_row["mask"], positions)
+    assert checked == min(positions, 24) and hits / checked < 0.5
 
 
 def test_check_sample_rejects_bad_samples(greedy_row):
@@ -208,3 +209,17 @@ def test_gather_checks_parts_agree_and_cover_all(tmp_path):
     for k in range(12):
         assert inputs[f"part_{k}"]["path"] == str(tmp_path / f"part_{k}.json")
         assert json.loads(Path(inputs[f"part_{k}"]["path"]).read_text())["part"] == k
+
+
+def test_one_batched_probe_call_gives_each_sample_its_own_agreement(greedy_row, probe):
+    """The validator probes many samples in one call: a corrupted sample among good ones
+    still scores as it does alone, and the good ones keep full agreement."""
+    ids, mask, h = greedy_row["ids"], greedy_row["mask"], greedy_row["hidden"][:, -1]
+    positions = verify.probe_positions(ids, mask, 256)
+    targets = [ids[p + 1] for p in positions]
+    shifted = torch.roll(h, shifts=1, dims=0)
+    batch = [(x[positions], targets) for x in (h, shifted, h, torch.zeros_like(h))]
+    hits = probe.agreement_batch(batch, rows_per_call=7)  # chunks that split samples
+    alone = [probe.agreement(x, ids, mask, 256)[0] for x in (h, shifted, h, torch.zeros_like(h))]
+    assert hits == alone
+    assert hits[0] == hits[2] == len(positions) and hits[1] < len(positions) / 2

@@ -24,12 +24,6 @@ ALLOWED = {
     # editable install names one checkout; the tests plan edited copies of the workflow, and
     # workflow.code_hash must hash the code that the jobs run)
     "rules/common.smk",
-    # Files other branches are changing now; to be cleaned there:
-    "benchmarks/drafter_replay.py",
-    "benchmarks/drafter_replay_cpu.py",
-    "benchmarks/drafter_proposals_cpu.py",
-    "benchmarks/extract_throughput.py",
-    "benchmarks/synth_throughput.py",
 }
 SKIP_DIRS = {".venv", ".git", ".snakemake", "results", ".cache", "__pycache__", "node_modules"}
 

@@ -1,6 +1,8 @@
 """Checks on extracted hidden states that catch silently wrong data at any model size.
 
 * ``check_sample``: shapes, token ids equal to the row, finite values, no all-zero rows.
+  ``check_stored`` does the same checks on a sample file's tensors as stored (bf16, or fp8
+  with per-token scales) by their bits, on the CPU, without converting them to float.
 * ``NextTokenProbe``: ``lm_head(final_norm(h_final))`` must predict the next token of the row
   at completion positions. For greedy synth data that is ~100%; shifted, zeroed or
   mis-ordered hidden states fall to ~0. Needs only the norm and lm_head weights, so it works
@@ -44,6 +46,65 @@ def check_sample(
     if zero_rows:
         raise VerificationError(f"{zero_rows} positions have an all-zero hidden state")
     return {"tokens": len(row_ids)}
+
+
+# Per stored dtype: (integer view, mask clearing the sign bit, smallest |bits| of a NaN or Inf).
+# float8_e4m3fn has no Inf; its NaN is 0x7F (|bits| 0x7F).
+_BITS = {
+    "bfloat16": ("int16", 0x7FFF, 0x7F80),
+    "float16": ("int16", 0x7FFF, 0x7C00),
+    "float32": ("int32", 0x7FFFFFFF, 0x7F800000),
+    "float8_e4m3fn": ("uint8", 0x7F, 0x7F),
+}
+
+
+def check_stored(
+    tensors: dict, row_ids: list[int], num_layers: int, hidden_size: int, scales_key: str
+) -> dict[str, Any]:
+    """:func:`check_sample` on a sample file's tensors as stored, on the CPU: NaN/Inf and
+    all-zero rows are read from the bits (one masked pass and one reduction over the data),
+    so a sample is never converted to float nor copied to a GPU to be checked. fp8 samples
+    are scaled per token: a scale that is not finite, is zero, or would overflow float32 at
+    the largest fp8 value makes the dequantized sample fail as it would in check_sample."""
+    import torch
+
+    hidden, token_ids = tensors["hidden_states"], tensors["token_ids"]
+    if list(hidden.shape) != [len(row_ids), num_layers, hidden_size]:
+        raise VerificationError(
+            f"hidden_states shape {list(hidden.shape)}, expected "
+            f"[{len(row_ids)}, {num_layers}, {hidden_size}]"
+        )
+    if token_ids.tolist() != list(row_ids):
+        raise VerificationError("token_ids differ from the training row")
+    dtype = str(hidden.dtype).removeprefix("torch.")
+    if dtype not in _BITS:  # another dtype: the float checks
+        return check_sample(hidden.float(), token_ids, row_ids, num_layers, hidden_size)
+    view, abs_mask, special = _BITS[dtype]
+    row_max = (hidden.view(getattr(torch, view)) & abs_mask).amax(dim=-1)  # [tokens, layers]
+    if len(row_ids) and int(row_max.max()) >= special:
+        raise VerificationError("hidden states contain NaN or Inf")
+    zero = row_max == 0
+    scales = tensors.get(scales_key)
+    if scales is not None:
+        s = scales.double().reshape(len(row_ids), -1)  # [tokens, 1] (or one per layer)
+        largest = torch.finfo(torch.float8_e4m3fn).max * s.abs()
+        if not bool((largest <= torch.finfo(torch.float32).max).all()):  # also NaN, Inf
+            raise VerificationError("hidden states contain NaN or Inf")
+        zero = zero | (s == 0)
+    zero_rows = int(zero.any(dim=-1).sum())
+    if zero_rows:
+        raise VerificationError(f"{zero_rows} positions have an all-zero hidden state")
+    return {"tokens": len(row_ids)}
+
+
+def probe_positions(input_ids: list[int], loss_mask: list[int], max_positions: int) -> list[int]:
+    """Positions p whose next token p+1 is a completion token, at most ``max_positions`` of
+    them, evenly spaced (deterministic)."""
+    positions = [p for p in range(len(input_ids) - 1) if loss_mask[p + 1]]
+    if len(positions) > max_positions:
+        step = len(positions) / max_positions
+        positions = [positions[int(i * step)] for i in range(max_positions)]
+    return positions
 
 
 def _find_tensor_file(model_dir: Path, pattern: str) -> tuple[str, Path]:
@@ -107,16 +168,37 @@ class NextTokenProbe:
         """(hits, checked) over positions p whose next token p+1 is a completion token."""
         import torch
 
-        positions = [p for p in range(len(input_ids) - 1) if loss_mask[p + 1]]
-        if len(positions) > max_positions:  # evenly spaced, deterministic
-            step = len(positions) / max_positions
-            positions = [positions[int(i * step)] for i in range(max_positions)]
+        positions = probe_positions(input_ids, loss_mask, max_positions)
         if not positions:
             return 0, 0
-        idx = torch.tensor(positions)
-        pred = self.predict(h_final[idx]).argmax(-1).cpu()
-        target = torch.tensor([input_ids[p + 1] for p in positions])
-        return int((pred == target).sum()), len(positions)
+        rows = h_final[torch.tensor(positions)]
+        (hits,) = self.agreement_batch([(rows, [input_ids[p + 1] for p in positions])])
+        return hits, len(positions)
+
+    def agreement_batch(self, samples: list, rows_per_call: int = 512) -> list[int]:
+        """Hits per sample of ``samples``, each (final hidden states at its probed positions
+        [n, hidden], the tokens that follow them): one norm and lm_head product for the rows
+        of many samples, in chunks of ``rows_per_call`` rows (their logits are what takes the
+        memory: rows x vocabulary floats)."""
+        import torch
+
+        sizes = [len(t) for _, t in samples]
+        if not sum(sizes):
+            return [0] * len(samples)
+        rows = torch.cat([r.reshape(len(t), -1) for (r, t) in samples if len(t)])
+        target = torch.tensor([x for _, t in samples for x in t])
+        pred = torch.cat(
+            [
+                self.predict(rows[i : i + rows_per_call]).argmax(-1).cpu()
+                for i in range(0, len(rows), rows_per_call)
+            ]
+        )
+        hit = (pred == target).tolist()
+        out, at = [], 0
+        for n in sizes:
+            out.append(sum(hit[at : at + n]))
+            at += n
+        return out
 
 
 def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):

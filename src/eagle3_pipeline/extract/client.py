@@ -1,0 +1,164 @@
+"""The extraction client: send rows, check and store what comes back.
+
+A request slot (``extract.concurrency``) is held only while the server prefills: the
+returned file goes to the validator (:mod:`.validator`) and the slot takes the next row. At
+most twice ``concurrency`` samples wait for their checks, so a slow validator slows the
+requests instead of piling staged files up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .. import client as client_lib
+from ..runtime import Progress, for_each
+from ..verify import NextTokenProbe, VerificationError
+from .book import ShardBook
+from .plan import ExtractError
+from .validator import ProbeBatcher, Timings, take_sample
+
+log = logging.getLogger(__name__)
+
+
+class Extractor:
+    """Send rows, verify and store what comes back."""
+
+    def __init__(
+        self,
+        dataset,
+        book: ShardBook,
+        probe: NextTokenProbe,
+        layer_ids: list[int],
+        hidden: int,
+        cfg: dict,
+        staging: Path,
+    ):
+        self.ds, self.book, self.probe = dataset, book, probe
+        self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
+        self.hits = self.checked = 0
+        self.failures: list[dict] = []
+        self._timings = Timings()
+        self.probe_batches = 0
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Validator seconds per phase (all samples; threads overlap)."""
+        return dict(self._timings.seconds)
+
+    def check(self, index: int, staged: str):
+        """Check a staged sample and move it into its shard (runs in a worker thread)."""
+        return take_sample(
+            staged,
+            index,
+            self.ds[index],
+            len(self.layer_ids),
+            self.hidden,
+            self.cfg["agreement_positions_per_sample"],
+            self.book.root,
+            self.book.S,
+            self._timings,
+        )
+
+    async def run(
+        self, base_url: str, model: str, todo: list[int], progress: Progress, check_alive
+    ) -> None:
+        import torch
+        from speculators.data_generation.vllm_client import generate_hidden_states_async
+
+        loop = asyncio.get_running_loop()
+        failures_in_a_row = 0
+        waiting = asyncio.Semaphore(2 * self.cfg["concurrency"])
+        validating: set[asyncio.Task] = set()
+        errors: list[BaseException] = []
+
+        def failed(index: int, e: Exception) -> None:
+            nonlocal failures_in_a_row
+            check_alive()
+            failures_in_a_row += 1
+            self.failures.append({"index": index, "error": f"{type(e).__name__}: {e}"})
+            log.warning("sample %d failed: %s", index, e)
+            if failures_in_a_row >= max(8, self.cfg["concurrency"]):
+                raise ExtractError(f"{failures_in_a_row} samples in a row failed (last: {e})")
+
+        async def validate(index: int, staged: str) -> None:
+            nonlocal failures_in_a_row
+            try:
+                checked = await loop.run_in_executor(pool, self.check, index, staged)
+                hits = await batcher.hits(checked.rows, checked.targets)
+            except VerificationError as e:
+                raise ExtractError(
+                    f"sample {index}: {e}. The extracted hidden states are "
+                    "wrong; nothing of this sample was kept."
+                ) from e
+            except Exception as e:
+                failed(index, e)
+                return
+            finally:
+                waiting.release()
+            failures_in_a_row = 0
+            entry = {**checked.entry, "agree": [hits, len(checked.targets)]}
+            self.book.record(entry)
+            self.hits += hits
+            self.checked += len(checked.targets)
+            progress.update(1, extra=entry["tokens"])
+
+        def validated(task: asyncio.Task) -> None:
+            validating.discard(task)
+            if not task.cancelled() and task.exception() is not None and not errors:
+                errors.append(task.exception())  # the next request slot raises it
+
+        async def one(client, index: int) -> None:
+            await waiting.acquire()
+            if errors:  # a sample failed its checks: the job ends
+                waiting.release()
+                raise errors[0]
+            try:
+                staged, _ = await generate_hidden_states_async(
+                    client,
+                    model,
+                    {"input_ids": self.ds[index]["input_ids"]},
+                    timeout=self.cfg["request_timeout_s"],
+                    max_retries=self.cfg["retries"],
+                )
+            except Exception as e:
+                waiting.release()
+                failed(index, e)
+                return
+            task = asyncio.create_task(validate(index, staged))
+            validating.add(task)
+            task.add_done_callback(validated)
+
+        # A few validator threads with one torch thread each: more would oversubscribe the
+        # cores the server needs (on the CPU) without validating faster.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        pool = ThreadPoolExecutor(
+            max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
+            thread_name_prefix="validate",
+        )
+        probe_pool = ThreadPoolExecutor(1, thread_name_prefix="probe")
+        batcher = ProbeBatcher(self.probe, probe_pool, self._timings)
+        try:
+            # speculators' request function retries (extract.retries) with its own per-attempt
+            # timeout: the client itself does not retry on top of it
+            client = client_lib.async_client(
+                base_url, timeout=self.cfg["request_timeout_s"], max_retries=0
+            )
+            async with client:
+                await for_each(todo, lambda i: one(client, i), self.cfg["concurrency"])
+                while validating:
+                    await asyncio.gather(*validating)
+            if errors:
+                raise errors[0]
+        finally:
+            for task in list(validating):
+                task.cancel()
+            await asyncio.gather(*validating, return_exceptions=True)
+            pool.shutdown(wait=True)
+            probe_pool.shutdown(wait=True)
+            self.probe_batches = batcher.batches
+            torch.set_num_threads(threads)

@@ -1,0 +1,165 @@
+"""Checking a sample the server wrote, off the request path.
+
+A staged file is checked on the CPU by its bits (``verify.check_stored``: shapes, token ids,
+NaN/Inf, all-zero rows), hashed and moved into its shard by :func:`take_sample` in a worker
+thread; only the final-layer hidden states at the probed positions leave it. Those rows of
+many samples go through one next-token probe call (:class:`ProbeBatcher`): norm and lm_head
+run once for a batch instead of once per sample, on the probe's device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import shards
+from ..fileio import sha256_bytes
+from ..verify import check_stored, probe_positions
+from .plan import row_key
+
+
+@dataclass
+class Checked:
+    """A sample that passed its checks and sits in its shard, waiting for its probe result."""
+
+    entry: dict[str, Any]  # its journal entry, without "agree"
+    rows: Any  # float32 final-layer hidden states at the probed positions [n, hidden]
+    targets: list[int]  # the token that follows each probed position
+
+
+class Timings:
+    """Seconds per phase, summed over the validator threads."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, phases: tuple[str, ...], clock: list[float]) -> None:
+        with self._lock:
+            for phase, (a, b) in zip(phases, itertools.pairwise(clock), strict=True):
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + (b - a)
+
+
+PHASES = ("wait_write", "read", "parse", "checks", "hash_move")
+
+
+def take_sample(
+    staged: str,
+    index: int,
+    row: dict,
+    num_layers: int,
+    hidden_size: int,
+    max_positions: int,
+    root: Path,
+    samples_per_shard: int,
+    timings: Timings,
+) -> Checked:
+    """Check the staged file of row ``index`` and move it into its shard (a worker thread).
+    Raises VerificationError for a wrong sample; the staged file then stays out of the shards.
+    A moved file without its journal entry (the probe or the job failing next) is a stray
+    that the next scan removes."""
+    from safetensors.torch import load
+
+    clock = time.perf_counter
+    t = [clock()]
+    lock = staged + ".lock"
+    if os.path.exists(lock):
+        # The connector holds an exclusive flock while it writes; a shared one sleeps until
+        # it is done (no polling latency holding a request slot).
+        with open(lock) as lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)
+        os.unlink(lock)
+    t.append(clock())
+    data = Path(staged).read_bytes()
+    t.append(clock())
+    tensors = load(data)
+    t.append(clock())
+    ids = row["input_ids"]
+    check_stored(tensors, ids, num_layers, hidden_size, shards.SCALES_KEY)
+    positions = probe_positions(ids, row["loss_mask"], max_positions)
+    rows = final_rows(tensors, positions)
+    t.append(clock())
+    digest = sha256_bytes(data)
+    dest = shards.sample_path(root, index, samples_per_shard)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staged, dest)
+    mtime_ns = dest.stat().st_mtime_ns
+    t.append(clock())
+    timings.add(PHASES, t)
+    entry = {
+        "index": index,
+        "key": row_key(ids),
+        "tokens": len(ids),
+        "bytes": len(data),
+        "sha256": digest,
+        "mtime_ns": mtime_ns,
+    }
+    return Checked(entry, rows, [ids[p + 1] for p in positions])
+
+
+def final_rows(tensors: dict, positions: list[int]):
+    """The last captured layer's hidden states at ``positions``, dequantized to float32 (the
+    values the probe would get from the whole dequantized sample)."""
+    import torch
+
+    idx = torch.tensor(positions, dtype=torch.long)
+    picked = {"hidden_states": tensors["hidden_states"][idx, -1:]}
+    if shards.SCALES_KEY in tensors:
+        picked[shards.SCALES_KEY] = tensors[shards.SCALES_KEY][idx]
+    return shards.dequantize(picked)[:, 0].float()
+
+
+class ProbeBatcher:
+    """Next-token hits of many samples from few probe calls.
+
+    Samples that arrive while a batch is in the probe wait for it to finish and then go
+    together as the next batch, so the batch grows with the load and a lone sample is never
+    held back. The probe runs in an executor of its own (one thread)."""
+
+    def __init__(self, probe, executor, timings: Timings):
+        self.probe, self.executor, self.timings = probe, executor, timings
+        self.pending: list[tuple[Any, list[int], asyncio.Future]] = []
+        self.running = False
+        self.batches = 0
+
+    async def hits(self, rows, targets: list[int]) -> int:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((rows, targets, fut))
+        if not self.running:
+            self._start()
+        return await fut
+
+    def _start(self) -> None:
+        batch, self.pending = self.pending, []
+        self.running = True
+        self.batches += 1
+        done = asyncio.get_running_loop().run_in_executor(self.executor, self._probe, batch)
+        done.add_done_callback(lambda f: self._finish(batch, f))
+
+    def _probe(self, batch) -> list[int]:
+        t = [time.perf_counter()]
+        out = self.probe.agreement_batch([(rows, targets) for rows, targets, _ in batch])
+        t.append(time.perf_counter())
+        self.timings.add(("probe",), t)
+        return out
+
+    def _finish(self, batch, f: asyncio.Future) -> None:
+        self.running = False
+        for i, (_, _, fut) in enumerate(batch):
+            if fut.done():
+                continue
+            if f.cancelled():
+                fut.cancel()
+            elif f.exception() is not None:
+                fut.set_exception(f.exception())
+            else:
+                fut.set_result(f.result()[i])
+        if self.pending:
+            self._start()

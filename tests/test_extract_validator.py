@@ -1,0 +1,162 @@
+"""The extraction validator off the request path: bit checks on the stored tensors catch what
+the float checks catch, the batched probe gives each sample the hits of its own probe, and
+a staged file is checked, hashed and moved into its shard unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from eagle3_pipeline import shards, verify
+from eagle3_pipeline.extract import validator
+
+T, L, H = 12, 4, 64
+
+
+def sample(storage: str, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(T, L, H, generator=g)
+    if storage == "fp8":
+        q, scale = shards.quantize_fp8(h)
+        return {"hidden_states": q, shards.SCALES_KEY: scale, "token_ids": torch.arange(T)}
+    return {"hidden_states": h.to(torch.bfloat16), "token_ids": torch.arange(T)}
+
+
+def float_check(t: dict):
+    return verify.check_sample(shards.dequantize(t).float(), t["token_ids"], list(range(T)), L, H)
+
+
+def stored_check(t: dict):
+    return verify.check_stored(t, list(range(T)), L, H, shards.SCALES_KEY)
+
+
+def corrupt(t: dict, how: str) -> dict:
+    t = {k: v.clone() for k, v in t.items()}
+    h = t["hidden_states"]
+    fp8 = h.dtype == torch.float8_e4m3fn
+    if how == "nan":
+        h.view(torch.uint8 if fp8 else torch.int16)[3, 1, 7] = 0x7F if fp8 else 0x7FC0
+    elif how == "inf":
+        if fp8:  # fp8 has no Inf: an infinite scale
+            t[shards.SCALES_KEY][2] = float("inf")
+        else:
+            h[2, 0, 5] = float("-inf")
+    elif how == "zero_row":
+        h.view(torch.uint8 if fp8 else torch.int16)[5, 2] = 0
+    elif how == "negative_zero_row":  # -0.0 everywhere is a zero row too
+        h.view(torch.uint8 if fp8 else torch.int16)[5, 2] = 0x80 if fp8 else -0x8000
+    elif how == "zero_scale":
+        t[shards.SCALES_KEY][4] = 0.0
+    elif how == "token_ids":
+        t["token_ids"] = torch.roll(t["token_ids"], 1)
+    elif how == "shape":
+        t["hidden_states"] = h[:, :3]
+    return t
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "how", ["nan", "inf", "zero_row", "negative_zero_row", "zero_scale", "token_ids", "shape"]
+)
+def test_bit_checks_reject_what_the_float_checks_reject(storage, how):
+    if how == "zero_scale" and storage == "bf16":
+        pytest.skip("bf16 samples have no scales")
+    good = sample(storage)
+    assert stored_check(good) == float_check(good) == {"tokens": T}
+    bad = corrupt(good, how)
+    with pytest.raises(verify.VerificationError) as float_err:
+        float_check(bad)
+    with pytest.raises(verify.VerificationError) as bit_err:
+        stored_check(bad)
+    assert str(bit_err.value) == str(float_err.value)
+
+
+def test_bit_checks_keep_the_sample_bytes(tmp_path):
+    """check_stored reads the tensors without writing to them."""
+    t = sample("bf16")
+    before = t["hidden_states"].clone()
+    stored_check(t)
+    assert torch.equal(t["hidden_states"].view(torch.int16), before.view(torch.int16))
+
+
+class CountingProbe:
+    """A probe whose lm_head is an identity over a tiny vocabulary, counting its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def agreement_batch(self, samples):
+        self.calls += 1
+        return [int((rows.argmax(-1) == torch.tensor(t)).sum()) for rows, t in samples]
+
+
+def test_batched_probe_gives_each_sample_its_own_hits():
+    """Every sample gets the hits its own rows score, and samples that wait for a running
+    batch go together as the next one (fewer probe calls than samples)."""
+    probe = CountingProbe()
+    rows = [torch.eye(8)[i : i + 3] for i in range(5)]  # argmax: i, i+1, i+2
+    targets = [[i, i + 1, 2] for i in range(5)]  # 2 hits each, 3 for the first (i + 2 == 2)
+
+    async def go():
+        with ThreadPoolExecutor(1) as ex:
+            b = validator.ProbeBatcher(probe, ex, validator.Timings())
+            hits = await asyncio.gather(*(b.hits(r, t) for r, t in zip(rows, targets, strict=True)))
+            return hits, b.batches
+
+    hits, batches = asyncio.run(go())
+    assert hits == [3, 2, 2, 2, 2]
+    assert batches == probe.calls == 2  # the first alone, the four that waited together
+
+
+def test_batched_probe_passes_a_probe_failure_to_every_waiting_sample():
+    class Broken:
+        def agreement_batch(self, samples):
+            raise RuntimeError("CUDA out of memory")
+
+    async def go():
+        with ThreadPoolExecutor(1) as ex:
+            b = validator.ProbeBatcher(Broken(), ex, validator.Timings())
+            return await asyncio.gather(
+                *(b.hits(torch.zeros(1, 2), [0]) for _ in range(3)), return_exceptions=True
+            )
+
+    assert all(isinstance(r, RuntimeError) for r in asyncio.run(go()))
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_take_sample_moves_the_staged_file_unchanged(tmp_path, storage):
+    from safetensors.torch import save
+
+    t = sample(storage, seed=1)
+    data = save(t)
+    staged = tmp_path / "staged.safetensors"
+    staged.write_bytes(data)
+    row = {"input_ids": list(range(T)), "loss_mask": [0] * 4 + [1] * (T - 4)}
+    timings = validator.Timings()
+    got = validator.take_sample(str(staged), 7, row, L, H, 64, tmp_path / "hs", 4, timings)
+    dest = shards.sample_path(tmp_path / "hs", 7, 4)
+    assert dest.read_bytes() == data and not staged.exists()
+    assert got.entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert got.entry["bytes"] == len(data)
+    positions = verify.probe_positions(row["input_ids"], row["loss_mask"], 64)
+    assert positions == list(range(3, T - 1)) and got.targets == [p + 1 for p in positions]
+    # the probed rows are the dequantized final layer at those positions, as before
+    assert torch.equal(got.rows, shards.dequantize(t).float()[positions, -1])
+    assert set(timings.seconds) == set(validator.PHASES)
+
+
+def test_take_sample_rejects_a_corrupted_file_and_keeps_it_out_of_the_shards(tmp_path):
+    from safetensors.torch import save
+
+    staged = tmp_path / "staged.safetensors"
+    staged.write_bytes(save(corrupt(sample("bf16"), "zero_row")))
+    row = {"input_ids": list(range(T)), "loss_mask": [1] * T}
+    with pytest.raises(verify.VerificationError, match="all-zero"):
+        validator.take_sample(
+            str(staged), 0, row, L, H, 64, tmp_path / "hs", 4, validator.Timings()
+        )
+    assert not (tmp_path / "hs").exists()
