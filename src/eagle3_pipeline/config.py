@@ -28,10 +28,8 @@ from .config_schema import (
     sort_keys,
 )
 from .config_values import (
-    AUTO_ROUNDS,
     HELDOUT_SET,
     bench_chat_template_kwargs,
-    bench_rounds,
     bench_set_spec,
     bench_sets,
     check_tensor_parallel,
@@ -48,7 +46,6 @@ from .stage_keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS, result_c
 
 # what other modules and the rules import from here (the config's public names)
 __all__ = [
-    "AUTO_ROUNDS",
     "BENCH_VLLM_KEYS",
     "DEFAULT_PATH",
     "HELDOUT_SET",
@@ -57,7 +54,6 @@ __all__ = [
     "SCHEMA_PATH",
     "ConfigError",
     "bench_chat_template_kwargs",
-    "bench_rounds",
     "bench_set_spec",
     "bench_sets",
     "check_semantics",

@@ -35,17 +35,6 @@ def run_dir(cfg: dict) -> str:
     return f"{cfg['results_dir']}/{cfg['run']}"
 
 
-# bench.rounds: auto: speed on a GPU needs several rounds to show its spread; on the CPU one
-# round keeps the embedded default short (its speeds are noisy either way).
-AUTO_ROUNDS = {"cuda": 3, "cpu": 1}
-
-
-def bench_rounds(bench_cfg: dict, vllm_cfg: dict) -> int:
-    """How many rounds each bench measurement takes (``bench.rounds``, auto resolved)."""
-    rounds = bench_cfg["rounds"]
-    return AUTO_ROUNDS[vllm_cfg["device"]] if rounds == "auto" else int(rounds)
-
-
 def server_gpus(cfg: dict) -> int:
     """GPUs a managed vLLM server of this config occupies."""
     v = cfg["vllm"]

@@ -25,6 +25,18 @@ from .. import client as client_lib
 from ..runtime import for_each
 from ..stats import percentiles
 
+# bench.rounds: auto (decided here, in the bench stage's logic, so that changing it re-runs
+# the bench jobs): speed on a GPU needs several rounds to show its spread; on the CPU one
+# round keeps the embedded default short (its speeds are noisy either way).
+AUTO_ROUNDS = {"cuda": 3, "cpu": 1}
+
+
+def bench_rounds(bench_cfg: dict, vllm_cfg: dict) -> int:
+    """How many rounds each bench measurement takes (``bench.rounds``, auto resolved)."""
+    rounds = bench_cfg["rounds"]
+    return AUTO_ROUNDS[vllm_cfg["device"]] if rounds == "auto" else int(rounds)
+
+
 log = logging.getLogger(__name__)
 
 SPEC_COUNTERS = (

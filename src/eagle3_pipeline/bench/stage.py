@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from .. import consistency, methods
-from ..config import bench_rounds
 from ..fileio import read_json, sha256_file, write_json
 from ..methods import predicted_acceptance_length
 from ..provenance import provenance
@@ -35,6 +34,7 @@ from .measure import (
     DRAFTER,
     BenchError,
     acceptance,
+    bench_rounds,
     compare_outputs,
     latency,
     measure_alternating,
