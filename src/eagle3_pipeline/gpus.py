@@ -31,6 +31,23 @@ class GpuAllocationError(RuntimeError):
     pass
 
 
+def nvidia_smi_rows(query: str, timeout: float = 30) -> list[list[str]] | None:
+    """``nvidia-smi --query-<query> --format=csv,noheader,nounits`` as rows of stripped fields
+    (``query`` e.g. ``gpu=index,memory.total``); None where there is no nvidia-smi. Raises
+    OSError / subprocess.SubprocessError when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    out = subprocess.run(
+        [smi, f"--query-{query}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    ).stdout
+    return [[f.strip() for f in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
 def require_gpus(needed: int, granted: int | None, rule: str) -> None:
     """Fail clearly when Snakemake granted fewer GPUs than the job needs."""
     if needed <= 0:
@@ -51,20 +68,11 @@ def visible_devices(env: dict | None = None) -> list[str]:
     preset = env.get("CUDA_VISIBLE_DEVICES")
     if preset is not None:
         return [d.strip() for d in preset.split(",") if d.strip() and d.strip() != "-1"]
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return []
     try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        rows = nvidia_smi_rows("gpu=index")
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    return [row[0] for row in rows or []]
 
 
 class GpuLease:

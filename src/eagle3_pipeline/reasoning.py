@@ -143,22 +143,29 @@ def check_record(
 ) -> dict[str, Any] | None:
     """None when the record's ids agree with its messages and text; else the first problem.
     ``markers`` are those of the server's reasoning parser (None without one)."""
-    prompt = rec["prompt_token_ids"]
-    rendered_prompt = render_ids(
+    problem = prompt_check(tokenizer, rec, template_kwargs, chat_template)
+    if problem:
+        return problem
+    if markers is None:
+        return rerender_check(tokenizer, rec, template_kwargs, chat_template, prompt_checked=True)
+    gen = generation_prompt(tokenizer, rec["messages"], template_kwargs, chat_template)
+    return check_completion(tokenizer, rec, markers, gen)
+
+
+def prompt_check(tokenizer, rec: dict, template_kwargs: dict, chat_template=None):
+    """None when the prompt ids are the rendering of the messages with the generation prompt
+    (what the model saw); else the mismatch, with cause 'prompt'."""
+    rendered = render_ids(
         tokenizer,
         rec["messages"],
         template_kwargs,
         add_generation_prompt=True,
         chat_template=chat_template,
     )
-    if rendered_prompt != prompt:
-        return dict(
-            mismatch(tokenizer, "prompt", rendered_prompt, prompt, rec["id"]), cause="prompt"
-        )
-    if markers is None:
-        return rerender_check(tokenizer, rec, template_kwargs, chat_template, prompt_checked=True)
-    gen = generation_prompt(tokenizer, rec["messages"], template_kwargs, chat_template)
-    return check_completion(tokenizer, rec, markers, gen)
+    prompt = rec["prompt_token_ids"]
+    if rendered == prompt:
+        return None
+    return dict(mismatch(tokenizer, "prompt", rendered, prompt, rec["id"]), cause="prompt")
 
 
 def rerender_check(
@@ -171,17 +178,9 @@ def rerender_check(
     templates that re-wrap a finished turn's reasoning as the model wrote it."""
     prompt = rec["prompt_token_ids"]
     if not prompt_checked:
-        rendered_prompt = render_ids(
-            tokenizer,
-            rec["messages"],
-            template_kwargs,
-            add_generation_prompt=True,
-            chat_template=chat_template,
-        )
-        if rendered_prompt != prompt:
-            return dict(
-                mismatch(tokenizer, "prompt", rendered_prompt, prompt, rec["id"]), cause="prompt"
-            )
+        problem = prompt_check(tokenizer, rec, template_kwargs, chat_template)
+        if problem:
+            return problem
     turn = {"role": "assistant", "content": rec["content"]}
     if rec.get("reasoning"):
         turn["reasoning_content"] = rec["reasoning"]

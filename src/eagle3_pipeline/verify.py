@@ -26,12 +26,8 @@ class VerificationError(ValueError):
     pass
 
 
-def check_sample(
-    hidden: Any, token_ids: Any, row_ids: list[int], num_layers: int, hidden_size: int
-) -> dict[str, Any]:
-    """Structural checks of one sample; raises VerificationError on the first failure."""
-    import torch
-
+def _check_layout(hidden, token_ids, row_ids: list[int], num_layers: int, hidden_size: int):
+    """The sample holds one hidden state per token and layer, for the row's own tokens."""
     if list(hidden.shape) != [len(row_ids), num_layers, hidden_size]:
         raise VerificationError(
             f"hidden_states shape {list(hidden.shape)}, expected "
@@ -39,6 +35,15 @@ def check_sample(
         )
     if token_ids.tolist() != list(row_ids):
         raise VerificationError("token_ids differ from the training row")
+
+
+def check_sample(
+    hidden: Any, token_ids: Any, row_ids: list[int], num_layers: int, hidden_size: int
+) -> dict[str, Any]:
+    """Structural checks of one sample; raises VerificationError on the first failure."""
+    import torch
+
+    _check_layout(hidden, token_ids, row_ids, num_layers, hidden_size)
     lo, hi = torch.aminmax(hidden)  # NaN and Inf propagate; 15x cheaper than isfinite().all()
     if not bool(torch.isfinite(torch.stack((lo, hi))).all()):
         raise VerificationError("hidden states contain NaN or Inf")
@@ -69,13 +74,7 @@ def check_stored(
     import torch
 
     hidden, token_ids = tensors["hidden_states"], tensors["token_ids"]
-    if list(hidden.shape) != [len(row_ids), num_layers, hidden_size]:
-        raise VerificationError(
-            f"hidden_states shape {list(hidden.shape)}, expected "
-            f"[{len(row_ids)}, {num_layers}, {hidden_size}]"
-        )
-    if token_ids.tolist() != list(row_ids):
-        raise VerificationError("token_ids differ from the training row")
+    _check_layout(hidden, token_ids, row_ids, num_layers, hidden_size)
     dtype = str(hidden.dtype).removeprefix("torch.")
     if dtype not in _BITS:  # another dtype: the float checks
         return check_sample(hidden.float(), token_ids, row_ids, num_layers, hidden_size)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import client as client_lib
+from ..gpus import nvidia_smi_rows
 from ..runtime import for_each
 from ..stats import percentiles
 
@@ -213,25 +213,14 @@ def compare_outputs(base: list[list[int]], spec: list[list[int]]) -> dict[str, A
 
 def _gpu_processes() -> list[dict[str, Any]] | None:
     """Compute processes on the GPUs (nvidia-smi), None where there is no nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
-        return None
     try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-compute-apps=pid,process_name,used_memory",
-                "--format=csv,noheader,nounits",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        rows = nvidia_smi_rows("compute-apps=pid,process_name,used_memory")
     except (OSError, subprocess.SubprocessError) as e:
         return [{"error": f"nvidia-smi failed: {e}"}]
+    if rows is None:
+        return None
     procs = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
+    for parts in rows:
         if len(parts) == 3 and parts[0].isdigit():
             procs.append({"pid": int(parts[0]), "name": parts[1], "memory_mib": parts[2]})
     return procs

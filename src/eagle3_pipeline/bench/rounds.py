@@ -12,7 +12,6 @@ processes use is refused unless the caller allows it: their work would be in the
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import time
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
+from ..gpus import nvidia_smi_rows
 from .measure import surroundings
 
 # this process: its own GPU work (the extraction probe) is not another process
@@ -32,28 +32,12 @@ class SharedGpuError(RuntimeError):
 
 def gpu_utilization() -> list[dict[str, Any]] | None:
     """Per GPU: utilization and memory in use (nvidia-smi), None without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
-        return None
     try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-                "--format=csv,noheader,nounits",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        rows = nvidia_smi_rows("gpu=index,utilization.gpu,memory.used,memory.total")
     except (OSError, subprocess.SubprocessError) as e:
         return [{"error": f"nvidia-smi failed: {e}"}]
     keys = ("index", "utilization_pct", "memory_used_mib", "memory_total_mib")
-    return [
-        dict(zip(keys, (p.strip() for p in line.split(",")), strict=True))
-        for line in out.splitlines()
-        if line.count(",") == 3
-    ]
+    return None if rows is None else [dict(zip(keys, r, strict=True)) for r in rows if len(r) == 4]
 
 
 def machine(servers: Iterable = ()) -> dict[str, Any]:
