@@ -146,8 +146,17 @@ class Method:
             )
         return problems
 
+    # the train key that bounds k (None: no key), and how the bound follows from it
+    depth_key: str | None = None
+    depth_bound: str = ""
+
     def too_many_tokens(self, name: str, where: str, limit: int, ks: list[int]) -> str:
-        return f"{name} drafts at most {limit} tokens, got k = {ks}"
+        if self.depth_key is None:
+            return f"{name} drafts at most {limit} tokens, got k = {ks}"
+        return (
+            f"{name} drafts at most {self.depth_bound} = {limit} tokens, got k = {ks} (raise "
+            f"{where}.{self.name}.{self.depth_key} or give {name} its own list)"
+        )
 
     # ---- training ----------------------------------------------------------------------------
 

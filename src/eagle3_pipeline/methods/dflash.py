@@ -63,16 +63,11 @@ class DFlash(Method):
     best_by = ("eal", True)
     accuracy_series = (("position_acc", "block position {}"),)
     position_label = "block position"
+    depth_key, depth_bound = "block_size", "block_size - 1"
 
     def max_speculative_tokens(self, cfg: dict[str, Any]) -> int | None:
         """block_size - 1: the anchor slot is the bonus token (vLLM does not check it)."""
         return int(self.resolve_auto(cfg)["block_size"]) - 1
-
-    def too_many_tokens(self, name: str, where: str, limit: int, ks: list[int]) -> str:
-        return (
-            f"{name} drafts at most block_size - 1 = {limit} tokens, got k = {ks} (raise "
-            f"{where}.{self.name}.block_size or give {name} its own list)"
-        )
 
     def trainer_fields(self, cfg: dict[str, Any]) -> dict[str, Any]:
         c = self.resolve_auto(cfg)

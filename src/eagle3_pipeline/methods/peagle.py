@@ -31,16 +31,11 @@ class PEagle(Method):
     best_by = ("loss", False)
     accuracy_series = (("position_acc", "depth {}"),)
     position_label = "depth"
+    depth_key, depth_bound = "num_depths", "num_depths"
 
     def max_speculative_tokens(self, cfg: dict[str, Any]) -> int | None:
         """The depths it was trained for: a deeper slot was never trained."""
         return int(self.resolve_auto(cfg)["num_depths"])
-
-    def too_many_tokens(self, name: str, where: str, limit: int, ks: list[int]) -> str:
-        return (
-            f"{name} drafts at most num_depths = {limit} tokens, got k = {ks} (raise "
-            f"{where}.{self.name}.num_depths or give {name} its own list)"
-        )
 
     def trainer_fields(self, cfg: dict[str, Any]) -> dict[str, Any]:
         c = self.resolve_auto(cfg)
