@@ -121,9 +121,10 @@ def result_decisions(source: str) -> list[str]:
 
 
 INFRASTRUCTURE_MODULES = sorted(m for m, role in MODULE_ROLES.items() if role == INFRASTRUCTURE)
-# Infrastructure that names dtypes only to size a run (bytes per parameter of the checkpoint in
-# the plan): no server is configured from it, which the test below holds it to.
-SIZING_ONLY = {"model_shape", "plan"}
+# Infrastructure that names dtypes only to describe a checkpoint (the plan's bytes per value,
+# the dtype written into the config.json of a benchmark's random-weight model): no server is
+# configured from it, which the test below holds it to.
+SIZING_ONLY = {"dummy_models", "model_shape", "plan"}
 
 
 @pytest.mark.parametrize("module", sorted(SIZING_ONLY))
