@@ -48,6 +48,16 @@ def chained_tau(acc: list[float], k: int) -> float:
     return tau
 
 
+def chained_position_tau(pred: dict[str, Any], k: int) -> float | None:
+    """:func:`chained_tau` over ``pred["position_acc"]`` (per-position accuracies that are not
+    conditional on the earlier positions being right: an estimate); None when validation did
+    not reach k positions."""
+    acc = pred.get("position_acc") or []
+    if len(acc) < k or any(a is None for a in acc[:k]):
+        return None
+    return chained_tau(acc, k)
+
+
 # ---- replay helpers (torch tensors in, no torch import here) ------------------------------------
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import Check, Method, chained_tau, to_target_ids, top_margins
+from .base import Check, Method, chained_position_tau, to_target_ids, top_margins
 
 # speculators' DFlash recipe (cross-entropy with D-PACE position weights): fixed here so that
 # the job file and the training fingerprint say what DFlash trains with (train.dflash.extra_args
@@ -115,10 +115,7 @@ class DFlash(Method):
         estimate)."""
         if k == pred["block_size"] - 1 and pred.get("eal") is not None:
             return float(pred["eal"])
-        acc = pred.get("position_acc") or []
-        if len(acc) < k or any(a is None for a in acc[:k]):
-            return None
-        return chained_tau(acc, k)
+        return chained_position_tau(pred, k)
 
     def drafter_checks(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[Check]]:
         layer_cfg = config.get("transformer_layer_config", {})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import Check, Method, chained_tau
+from .base import Check, Method, chained_position_tau
 
 
 class PEagle(Method):
@@ -76,10 +76,7 @@ class PEagle(Method):
     def predicted_acceptance_length(self, pred: dict[str, Any], k: int) -> float | None:
         """Chained over the per-depth accuracies, which are not conditional on the earlier
         depths being right (an estimate)."""
-        acc = pred.get("position_acc") or []
-        if len(acc) < k or any(a is None for a in acc[:k]):
-            return None
-        return chained_tau(acc, k)
+        return chained_position_tau(pred, k)
 
     def drafter_checks(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[Check]]:
         layer_cfg = config.get("transformer_layer_config", {})
