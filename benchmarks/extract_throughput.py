@@ -31,7 +31,7 @@ from pathlib import Path
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
 from eagle3_pipeline.bench import rounds as rounds_lib
-from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target
+from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_json
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import VllmServer
@@ -156,12 +156,9 @@ def main() -> None:
     from datasets import load_from_disk
 
     base = cfglib.load(args.config) if args.config else cfglib.validate({})
-    target_json = args.target
-    if not target_json:
-        dtype = "float32" if base["vllm"]["device"] == "cpu" else "bfloat16"
-        target_json = repo / "tests" / ".cache" / f"target-{dtype}" / "target.json"
-        if not target_json.exists():
-            target.materialize({"source": "packaged", "dtype": dtype, "path": None}, target_json)
+    target_json = args.target or packaged_target_json(
+        base["vllm"]["device"], repo / "tests" / ".cache"
+    )
     info = target.load_info(target_json)
     if args.dataset:
         ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))

@@ -27,6 +27,7 @@ from pathlib import Path
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, synth, target
 from eagle3_pipeline.bench import rounds as rounds_lib
+from eagle3_pipeline.dummy_models import packaged_target_json
 from eagle3_pipeline.fileio import AppendLog
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import Progress, setup_logging
@@ -114,10 +115,7 @@ def main() -> None:
     )
     model = args.model
     if not model:
-        dtype = "float32" if cfg["vllm"]["device"] == "cpu" else "bfloat16"
-        tj = REPO / "tests" / ".cache" / f"target-{dtype}" / "target.json"
-        if not tj.exists():
-            target.materialize({"source": "packaged", "dtype": dtype, "path": None}, tj)
+        tj = packaged_target_json(cfg["vllm"]["device"], REPO / "tests" / ".cache")
         model = target.load_info(tj)["model_path"]
     with tempfile.TemporaryDirectory() as tmp:
         prompts.build_train(

@@ -29,15 +29,9 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def target_json() -> Path:
     """target.json of the packaged SmolLM2-135M-Instruct, materialized in float32."""
-    from eagle3_pipeline import target
+    from eagle3_pipeline.dummy_models import packaged_target_json
 
-    out = CACHE / "target-float32" / "target.json"
-    if not out.exists():
-        target.materialize(
-            {"source": "packaged", "dtype": "float32", "path": None, "trust_remote_code": False},
-            out,
-        )
-    return out
+    return packaged_target_json("cpu", CACHE)
 
 
 @pytest.fixture(scope="session")

