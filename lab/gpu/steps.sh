@@ -70,35 +70,40 @@ m_speed() {  # its server starts yield the CPUs to the trainings (nice); measure
   nice -n 10 python3 lab/drafter_speed.py --configfile "${METHODS_CFG[@]:1}" --wait 1500 \
     --store-cache --out "$W/bench/h200_drafter_speed.json" ${SPEED_FLAGS:-}  # SPEED_FLAGS=--plan
 }
+# Engine efficiency, each benchmark alone on the GPU (both refuse a GPU that another process
+# uses), in 3 alternating rounds of 15-30 s each: synth on 1,536 packaged prompts, extraction on
+# packaged ShareGPT rows of 512 tokens (the 135M target, and the Llama-3.1-8B shape with random
+# weights). EFF_RUN names a run whose prepared rows to use instead.
 eff_synth() {
-  python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 512 \
-    --concurrency 64 --max-tokens 128 --rounds 2 --out "$W/bench/h200_synth_throughput.json"
+  python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 1536 \
+    --concurrency 64 --max-tokens 128 --rounds 3 --out "$W/bench/h200_synth_throughput_rounds.json"
 }
-# The extraction benchmarks read the rows of a finished prepare stage: the default GPU run's
-# (smoke), or another run's named by EFF_RUN, waited for (at most 20 minutes) while that run
-# is still going.
-EFF_RUN=${EFF_RUN:-gpu}
-eff_data() {
+eff_rows() {  # the rows the extraction benchmarks read: EFF_RUN's prepared ones, or packaged
+  [ -n "${EFF_RUN:-}" ] || return 0
   local t=0
   until [ -f "results/$EFF_RUN/prepare/dataset/state.json" ]; do
     sleep 10; t=$((t + 10))
     [ $t -ge 1200 ] && { echo "no prepared dataset in results/$EFF_RUN after 20 min" >&2; return 1; }
   done
+  echo --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json"
 }
 eff_extract() {
-  eff_data
-  python3 benchmarks/extract_throughput.py --config config/gpu.yaml \
-    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
-    --rows 159 --concurrency 32 --rounds 2 --out "$W/bench/h200_extract_throughput.json"
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml $(eff_rows) \
+    --rows 1536 --concurrency 32 --rounds 3 --out "$W/bench/h200_extract_throughput_135m_rounds.json"
 }
 eff_extract_8b() {
-  eff_data
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
-    --dataset "results/$EFF_RUN/prepare/dataset" --target "results/$EFF_RUN/target/target.json" \
-    --rows 128 --concurrency 32 --rounds 2 --gpu-memory-utilization 0.4 \
-    --out "$W/bench/h200_extract_throughput_8b.json"
+    $(eff_rows) --rows 512 --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4 \
+    --out "$W/bench/h200_extract_throughput_8b_rounds.json"
 }
-eff() { eff_synth && eff_extract && eff_extract_8b; }
+eff() { eff_synth; eff_extract_8b; eff_extract; }
+# The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
+# serving default (lab/configs/gpu_quality_t1.yaml), side by side on the one GPU (a measurement
+# of tau, not of speed): brought home with `collect --synth`, adopted by a later host session.
+q_synth_t0() { smk q0 --nolock --configfile config/gpu-quality.yaml --until synth; }
+q_synth_t1() {
+  smk q1 --nolock --configfile config/gpu-quality.yaml lab/configs/gpu_quality_t1.yaml --until synth
+}
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench

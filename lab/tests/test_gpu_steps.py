@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from eagle3_pipeline import config as cfglib
 
 from smkcli import REPO, copy_repo, job_names, parse_jobs
 
@@ -112,6 +115,26 @@ def test_the_speed_step_plans_every_server_of_the_run(host_copy, tmp_path):
     assert servers["prompt"] == ["sets:", "mtbench", "humaneval", "heldout"]
     # the four servers fit on the GPU beside two trainings
     assert " ".join(servers["vllm"]) == '["--gpu-memory-utilization", "0.12"]'
+
+
+@pytest.mark.parametrize(
+    ("step", "run", "temperature"),
+    [("q_synth_t0", "gpu-quality", "0.0"), ("q_synth_t1", "gpu-quality-t1", "1.0")],
+)
+def test_the_two_synth_lanes_write_their_own_runs(host_copy, tmp_path, step, run, temperature):
+    """Greedy and sampled synth side by side: each lane plans synth and nothing after it, in a
+    results directory of its own (a shared one would make the lanes overwrite each other)."""
+    out = call_step(host_copy, tmp_path, step)
+    jobs = set(job_names(parse_jobs(out)))
+    assert "synth" in jobs and not jobs & {"prepare", "extract_gather", "vocab"}, sorted(jobs)
+    assert f"results/{run}/synth/" in out
+    other = {"gpu-quality": "gpu-quality-t1", "gpu-quality-t1": "gpu-quality"}[run]
+    assert f"results/{other}/" not in out
+    extra: dict = {}
+    if step.endswith("t1"):
+        extra = yaml.safe_load((host_copy / "lab/configs/gpu_quality_t1.yaml").read_text())
+    cfg = cfglib.load(host_copy / "config/gpu-quality.yaml", extra)
+    assert str(cfg["synth"]["temperature"]) == temperature and cfg["run"] == run
 
 
 BLOCKS = {
