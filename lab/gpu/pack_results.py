@@ -56,9 +56,10 @@ KEEP = [
 ]
 LOG_TAIL = 1 << 20
 LIMIT = 15 << 20
-# A run's synth answers and journal, to bring home and carry to a later host so that its synth
-# stage reuses them instead of generating again.
-SYNTH = ["synth/synth.jsonl.zst", "synth/stats.json", "synth/.partial/*"]
+# A run's synth journal (every answer, what lab/gpu/adopt_synth_journal.py reads) and stats, to
+# bring home and carry to a later host so that its synth stage reuses them instead of generating
+# again; synth.jsonl.zst is left out: it is the journal's answers again.
+SYNTH = ["synth/stats.json", "synth/.partial/*"]
 # A run's drafters: what vLLM loads (one drafter per method, or the single drafter of a run
 # made before train.methods).
 DRAFTERS = [f"drafter/{d}{f}" for d in ("", "*/") for f in ("*.json", "*.safetensors")]
@@ -121,7 +122,8 @@ def pack_parts(
         print(f"{run}: no {what} files to pack")
         return
     tmp = out.with_name(f"{run}-{what}{tag}.tar" + (".xz" if compress else ""))
-    with tarfile.open(tmp, "w:xz" if compress else "w") as tar:
+    # (xz preset 1: a 19k-answer journal packs in seconds, not a minute of the host's time)
+    with tarfile.open(tmp, "w:xz", preset=1) if compress else tarfile.open(tmp, "w") as tar:
         for p in files:
             name = str(p.relative_to(base / "repo"))
             slimmed = slim_weights(p) if slim and p.suffix == ".safetensors" else None
