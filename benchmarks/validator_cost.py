@@ -1,0 +1,101 @@
+"""What the extraction validator's work costs a sample, with nothing else in the process.
+
+    .venv/bin/python benchmarks/validator_cost.py \
+        --out benchmarks/results/efficiency/validator_cost_cpu.json
+
+Writes a staged sample file shaped like the connector's (bf16, 4 captured layers) and runs
+``extract.validator.take_sample`` on it (wait for the writer, read, parse, bit checks, probe
+rows, sha256 and move into the shard) in a pool of 1 and then --threads worker threads, as
+the extraction client does, at the 135M target's width and at the Llama-3.1-8B width. Reports
+per sample: wall time, CPU time, and each phase's seconds summed over the threads (the
+figures the extraction benchmarks print as ``validator_s_per_phase``). Writing the staged
+files is not timed. Set against a benchmark's phases on a GPU host, it shows how much of a
+phase is the work itself and how much is waiting for something else in the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors.torch import save
+
+from eagle3_pipeline.extract.validator import Timings, take_sample
+
+WIDTHS = {"smollm2-135m": 576, "llama-8b": 4096}
+
+
+def measure(hidden: int, tokens: int, layers: int, samples: int, threads: int) -> dict:
+    ids = list(range(tokens))
+    blob = save(
+        {
+            "hidden_states": torch.randn(tokens, layers, hidden).to(torch.bfloat16),
+            "token_ids": torch.tensor(ids),
+        }
+    )
+    row = {"input_ids": ids, "loss_mask": [0] * (tokens // 4) + [1] * (tokens - tokens // 4)}
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = [Path(tmp) / f"staged_{i}.safetensors" for i in range(samples)]
+        for p in staged:
+            p.write_bytes(blob)
+        timings = Timings()
+        t0, c0 = time.perf_counter(), time.process_time()
+        with ThreadPoolExecutor(threads) as pool:
+            list(
+                pool.map(
+                    lambda i: take_sample(
+                        str(staged[i]),
+                        i,
+                        row,
+                        layers,
+                        hidden,
+                        16,
+                        Path(tmp) / "shards",
+                        1024,
+                        timings,
+                    ),
+                    range(samples),
+                )
+            )
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "threads": threads,
+        "wall_ms_per_sample": 1e3 * wall / samples,
+        "cpu_ms_per_sample": 1e3 * cpu / samples,
+        "phase_ms_per_sample": {k: 1e3 * v / samples for k, v in timings.seconds.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=182, help="per sample (the packaged rows' mean)")
+    ap.add_argument("--layers", type=int, default=4, help="captured layers (3 aux + final)")
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # as the extraction client sets it for its validator threads
+    result = {"args": vars(args), "shapes": {}}
+    for name, hidden in WIDTHS.items():
+        measure(hidden, args.tokens, args.layers, 20, 1)  # warm-up
+        runs = [
+            measure(hidden, args.tokens, args.layers, args.samples, t) for t in (1, args.threads)
+        ]
+        result["shapes"][name] = {"hidden_size": hidden, "runs": runs}
+        for r in runs:
+            phases = {k: round(v, 2) for k, v in r["phase_ms_per_sample"].items()}
+            print(
+                f"{name}: {r['threads']} thread(s) {r['wall_ms_per_sample']:.2f} ms wall, "
+                f"{r['cpu_ms_per_sample']:.2f} ms CPU a sample; phases {phases}"
+            )
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
