@@ -49,6 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline.bench import cache as bench_cache
+from eagle3_pipeline.bench.measure import DRAFTER
 from eagle3_pipeline.diagnostics.replay import replay_run
 from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json, write_jsonl
 from eagle3_pipeline.provenance import package_versions
@@ -134,11 +136,11 @@ def served_outputs(cache: Path, drafters, tgt, bench_cfgs, vllm_cfg, prompt_file
     """Per (drafter, k, set) the outputs its served run decoded (the bench cache keeps them)."""
     out = {}
     for name, d in drafters.items():
-        key = bench.drafter_key(str(d.resolve()), tgt, bench_cfgs[name], vllm_cfg)
-        for set_name, fp in bench.cache_fingerprints(prompt_files, key).items():
-            for r in bench.load_cached(cache, fp) or []:
+        key = bench_cache.drafter_key(str(d.resolve()), tgt, bench_cfgs[name], vllm_cfg)
+        for set_name, fp in bench_cache.cache_fingerprints(prompt_files, key).items():
+            for r in bench_cache.load_cached(cache, fp) or []:
                 if r["temperature"] == 0 and r["concurrency"] == conc:
-                    out[(name, r["k"], set_name)] = r["outputs"]
+                    out[(name, r["k"], set_name)] = r["rounds"][0][DRAFTER]["outputs"]
     return out
 
 
@@ -210,6 +212,7 @@ def main() -> None:
         **cfg["bench"],
         "temperatures": [0.0],
         "concurrency": [args.concurrency],
+        "pairing": "separate",  # one baseline for every drafter (bench_baseline)
     }
     cache = work / "bench_cache"
     t = time.monotonic()
@@ -235,12 +238,12 @@ def main() -> None:
             manifest,
             d / "metrics.json",
             prompt_files,
-            baseline_json,
             bench_dir / name / "metrics.json",
             bench_cfgs[name],
             vllm_cfg,
             cache,
-            run / "logs" / f"bench_{name}.log",
+            baseline_json=baseline_json,
+            log_path=run / "logs" / f"bench_{name}.log",
             name=name,
         )
         timing[f"bench_{name}_s"] = round(time.monotonic() - t, 1)

@@ -8,16 +8,19 @@ For a run whose drafters are trained, or still training (``--wait``): one server
 baseline and one per method and k (``bench.num_speculative_tokens``) start side by side, each
 as soon as its drafter exists, each with its own compile cache. Once every server is up, each
 is measured in turn with the bench stage's own code (``eagle3_pipeline.bench``: its server
-arguments, warm-up, prompt sets, temperatures and concurrencies) while the others sit idle, and
-stopped. On an H200 a server start (torch.compile and CUDA graph capture) takes 1.5-2.5
-minutes and a 135M target's measurement about one: the bench jobs, which start their servers one
-after the other, spend most of their time starting; here the starts overlap each other and the
-training.
+arguments, warm-up, prompt sets, temperatures, concurrencies and ``bench.rounds``) while the
+others sit idle, and stopped: the bench stage's ``bench.pairing: separate``, each drafter
+against the one baseline. Servers that sit idle beside a measurement still hold GPU memory:
+speed figures from this script are not measured alone. On an H200 a server start
+(torch.compile and CUDA graph capture) takes 1.5-2.5 minutes and a 135M target's measurement
+about one: the bench jobs, which start their servers one after the other, spend most of their
+time starting; here the starts overlap each other and the training.
 
 Each drafter is checked against the run's extraction and target first (the bench stage's
 consistency check). With ``--store-cache`` the measurements go into the run's bench cache under
 the fingerprints the bench jobs compute, so that Snakemake then writes the bench metrics and the
-report without starting a server (a method goes in only when all its k were measured).
+report without starting a server (a method goes in only when all its k were measured; the run
+must use ``bench.pairing: separate``, whose jobs read rounds of one server).
 Prints one row per method, k, prompt set and concurrency; ``--out`` writes them as JSON.
 """
 
@@ -32,9 +35,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_pipeline import bench, consistency
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json
+from eagle3_pipeline import consistency
+from eagle3_pipeline.bench import BenchError
+from eagle3_pipeline.bench import cache as bench_cache
+from eagle3_pipeline.bench.measure import BASELINE, DRAFTER, bench_rounds, measure_rounds
+from eagle3_pipeline.bench.stage import drafter_rows, start_server
+from eagle3_pipeline.fileio import iter_jsonl, read_json, write_json
 from eagle3_pipeline.methods import predicted_acceptance_length
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import setup_logging
@@ -174,7 +181,7 @@ class Starter:
         # profiled, and a training beside it may have grown it
         for attempt in (1, 2):
             try:
-                s.server = bench.start_server(
+                s.server = start_server(
                     s.bench_cfg,
                     self.cfg["vllm"],
                     self.target,
@@ -185,7 +192,7 @@ class Starter:
                 )
                 s.error = None
                 break
-            except (bench.BenchError, ServerError) as e:
+            except (BenchError, ServerError) as e:
                 s.error = str(e)[-2000:]
                 log.warning("%s: start %d failed: %s", s.name, attempt, s.error[-300:])
                 if self._done.wait(20):
@@ -197,23 +204,18 @@ class Starter:
 
 
 def compare(servers: list[Server], prompt_files: dict[str, str], measured: dict) -> list[dict]:
-    """Each drafter run next to the baseline's (the bench stage's rows), with the prediction
-    of the drafter's training."""
+    """Each drafter run next to the baseline's (the bench stage's rows for bench.pairing:
+    separate), with the prediction of the drafter's training."""
     base = servers[0]
-    baseline = {
-        "sets": {
-            name: {"prompts_sha256": sha256_file(path), "runs": measured[base.name][name]}
-            for name, path in prompt_files.items()
-        }
-    }
     rows = []
     for s in servers[1:]:
         if s.name not in measured:
             continue
         prediction = read_json(s.drafter_dir / "metrics.json").get("prediction") or {}
-        for name, path in prompt_files.items():
+        for name in prompt_files:
             drafted = [{"k": s.k, **r} for r in measured[s.name][name]]
-            for row in bench.drafter_rows(name, drafted, baseline, path, s.method):
+            separate = {(r["temperature"], r["concurrency"]): r for r in measured[base.name][name]}
+            for row in drafter_rows(name, drafted, s.method, separate):
                 row["predicted_acceptance_length"] = predicted_acceptance_length(prediction, s.k)
                 rows.append(row)
     return rows
@@ -224,9 +226,9 @@ def store_cache(servers, cfg, target, prompt_files, measured, cache_dir: Path) -
     stored = []
     base = servers[0]
     if base.name in measured:
-        key = bench.baseline_key(target, base.bench_cfg, cfg["vllm"])
-        bench.store_cached(
-            cache_dir, bench.cache_fingerprints(prompt_files, key), measured[base.name]
+        key = bench_cache.baseline_key(target, base.bench_cfg, cfg["vllm"])
+        bench_cache.store_cached(
+            cache_dir, bench_cache.cache_fingerprints(prompt_files, key), measured[base.name]
         )
         stored.append("baseline")
     for method in dict.fromkeys(s.method for s in servers[1:]):
@@ -237,16 +239,29 @@ def store_cache(servers, cfg, target, prompt_files, measured, cache_dir: Path) -
             name: [{"k": s.k, **r} for s in mine for r in measured[s.name][name]]
             for name in prompt_files
         }
-        key = bench.drafter_key(
+        key = bench_cache.drafter_key(
             mine[0].drafter_dir.resolve(), target, mine[0].bench_cfg, cfg["vllm"]
         )
-        bench.store_cached(cache_dir, bench.cache_fingerprints(prompt_files, key), runs)
+        bench_cache.store_cached(cache_dir, bench_cache.cache_fingerprints(prompt_files, key), runs)
         stored.append(method)
     return stored
 
 
-def without_outputs(runs: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "outputs"} for r in runs]
+def without_outputs(entries: list[dict]) -> list[dict]:
+    """A set's measurements without the output token ids of their passes."""
+    return [
+        {
+            **e,
+            "rounds": [
+                {
+                    who: ({k: v for k, v in p.items() if k != "outputs"} if who != "order" else p)
+                    for who, p in r.items()
+                }
+                for r in e["rounds"]
+            ],
+        }
+        for e in entries
+    ]
 
 
 def main() -> None:
@@ -279,6 +294,9 @@ def main() -> None:
     sets = {name: list(iter_jsonl(path))[: args.limit] for name, path in prompt_files.items()}
     if args.limit and args.store_cache:
         sys.exit("--limit measures part of each prompt set: it cannot go into the bench cache")
+    if args.store_cache and cfg["bench"]["pairing"] != "separate":
+        # the bench jobs of bench.pairing: alternate read rounds of both servers side by side
+        sys.exit("--store-cache needs bench.pairing: separate (each server is measured alone)")
 
     t0 = time.monotonic()
     measured: dict[str, dict] = {}
@@ -292,8 +310,9 @@ def main() -> None:
                 continue
             t1 = time.monotonic()
             try:
-                runs = bench.measure(s.server, sets, s.bench_cfg, spec_decode=s.method is not None)
-                measured[s.name] = bench.runs_by_set(runs, sets)
+                rounds = bench_rounds(s.bench_cfg, cfg["vllm"])
+                who = BASELINE if s.method is None else DRAFTER
+                measured[s.name] = measure_rounds(s.server, sets, s.bench_cfg, rounds, who)
             except Exception as e:  # one server's failure keeps the others' measurements
                 s.error = f"measurement: {e}"
             finally:

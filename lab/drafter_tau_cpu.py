@@ -7,11 +7,12 @@
 
 For drafters trained elsewhere (on the H200) whose benchmark there did not run: each is served
 with the bench stage's own server and measurement code (eagle3_pipeline.bench) on the CPU
-default's vLLM settings, at T=0, and its acceptance length and per-position acceptance are
-recorded per prompt set. Acceptance depends on the target's greedy choices, not on the
-hardware, up to numerics: the CPU target runs in float32 where the GPU ran bfloat16 (the
-GPU run's own EAGLE-3 figures, measured there, show how far apart the two are). No speed is
-reported: two CPU cores say nothing about a GPU's.
+default's vLLM settings, at each of --temperatures (T=0 by default; at T>0 vLLM accepts
+drafts stochastically, seeded per request), and its acceptance length and per-position
+acceptance are recorded per prompt set and temperature. Acceptance depends on the target's
+choices, not on the hardware, up to numerics: the CPU target runs in float32 where the GPU
+ran bfloat16 (the GPU run's own EAGLE-3 figures, measured there, show how far apart the two
+are). No speed is reported: two CPU cores say nothing about a GPU's.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import methods, prompts, target
+from eagle3_pipeline.bench.measure import DRAFTER, acceptance, measure_rounds
+from eagle3_pipeline.bench.stage import start_server
 from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import setup_logging
@@ -37,7 +40,9 @@ def main() -> None:
         "--drafter", action="append", required=True, metavar="METHOD:K=DIR", help="repeatable"
     )
     ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench questions (first turns)")
+    ap.add_argument("--humaneval", type=int, default=0, help="HumanEval problems (0: none)")
     ap.add_argument("--heldout", help="a run's prompts/bench_heldout.jsonl")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--out")
@@ -47,7 +52,7 @@ def main() -> None:
     cfg = cfglib.validate({})
     bench_cfg = {
         **cfg["bench"],
-        "temperatures": [0.0],
+        "temperatures": args.temperatures,
         "concurrency": [args.concurrency],
         "max_tokens": args.max_tokens,
     }
@@ -57,9 +62,13 @@ def main() -> None:
     tgt = target.load_info(tj)
     sets = {}
     with tempfile.TemporaryDirectory() as tmp:
-        spec = {"name": "mtbench", "source": "mtbench", "n": args.mtbench}
-        prompts.build_bench(cfg["prompts"], spec, Path(tmp) / "m.jsonl", Path(tmp) / "m.json")
-        sets["mtbench"] = list(iter_jsonl(Path(tmp) / "m.jsonl"))
+        for name, n in (("mtbench", args.mtbench), ("humaneval", args.humaneval)):
+            if not n:
+                continue
+            spec = {"name": name, "source": name, "n": n}
+            out = Path(tmp) / f"{name}.jsonl"
+            prompts.build_bench(cfg["prompts"], spec, out, Path(tmp) / f"{name}.json")
+            sets[name] = list(iter_jsonl(out))
     if args.heldout:
         sets["heldout"] = list(iter_jsonl(args.heldout))
 
@@ -67,15 +76,24 @@ def main() -> None:
     for item in args.drafter:
         what, path = item.split("=", 1)
         method, k = what.split(":")
-        spec_cfg = {"model": str(Path(path).resolve()), "method": method}
-        spec_cfg["num_speculative_tokens"] = int(k)
+        spec_cfg = {
+            "model": str(Path(path).resolve()),
+            **methods.get(method).speculative_config(),
+            "num_speculative_tokens": int(k),
+        }
         log = Path(tempfile.gettempdir()) / f"drafter-tau-{method}.log"
-        runs = bench.measure_on_server(
-            sets, bench_cfg, cfg["vllm"], tgt, spec_cfg, f"{method} k={k}", log
-        )
+        server = start_server(bench_cfg, cfg["vllm"], tgt, spec_cfg, f"{method} k={k}", log)
+        try:
+            measured = measure_rounds(server, sets, bench_cfg, 1, DRAFTER)
+        finally:
+            server.stop()
+        runs = {
+            name: [{**e, **e["rounds"][0][DRAFTER]} for e in entries]
+            for name, entries in measured.items()
+        }
         for name, rows in runs.items():
             for r in rows:
-                acc = r["acceptance"]
+                acc = acceptance([r["counts"]])
                 results.append(
                     {
                         "method": method,
@@ -83,6 +101,7 @@ def main() -> None:
                         "prompt_set": name,
                         "requests": len(sets[name]),
                         "concurrency": r["concurrency"],
+                        "temperature": r["temperature"],
                         "acceptance_length": acc["acceptance_length"],
                         "per_position": acc["per_position"],
                         "drafts": acc["drafts"],
@@ -90,7 +109,8 @@ def main() -> None:
                     }
                 )
                 print(
-                    f"{method:7s} k={k:>2s} {name:8s} tau {acc['acceptance_length']:.3f}  "
+                    f"{method:7s} k={k:>2s} {name:9s} T={r['temperature']:<4} "
+                    f"tau {acc['acceptance_length']:.3f}  "
                     f"per position {[round(x, 3) for x in acc['per_position']]}",
                     flush=True,
                 )

@@ -8,6 +8,8 @@
 #                                                   groups one after the other, detached; the lanes
 #                                                   of a group (joined by +) run side by side, the
 #                                                   steps of a lane (joined by ,) one by one
+#   bash lab/gpu/h200.sh unpack PREFIX...           put carried parts (PREFIX.partNN: a run's synth
+#                                                   journal) into /tmp/w/repo, before start
 #   bash lab/gpu/h200.sh poll [SECONDS]             wait until the plan ends or SECONDS pass, then
 #                                                   print its status (default 540)
 #   bash lab/gpu/h200.sh collect [--synth RUN...] [--drafters RUN...]
@@ -34,6 +36,15 @@ case $cmd in
     setsid nohup bash lab/gpu/steps.sh "$@" > "$W/plan.log" 2>&1 < /dev/null &
     echo $! > "$W/plan.pid"
     echo "plan started (pid $(cat "$W/plan.pid")): $*"
+    ;;
+  unpack)
+    # Carried parts (a run's synth journal from `collect --synth`: PREFIX.part00, ...) into the
+    # copy the plan runs in; `start` copies the checkout over it and leaves results/ alone.
+    mkdir -p "$W/repo"
+    for prefix in "$@"; do
+      cat "$prefix".part* | tar -xJf - -C "$W/repo"
+      echo "unpacked $(basename "$prefix")"
+    done
     ;;
   poll)
     limit=${1:-540}; t=0

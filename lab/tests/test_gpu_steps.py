@@ -137,6 +137,19 @@ def test_the_two_synth_lanes_write_their_own_runs(host_copy, tmp_path, step, run
     assert str(cfg["synth"]["temperature"]) == temperature and cfg["run"] == run
 
 
+@pytest.mark.parametrize(
+    ("step", "run"), [("q_train_t0", "gpu-quality"), ("q_train_t1", "gpu-quality-t1")]
+)
+def test_the_lever_lanes_train_eagle3_only_and_benchmark_nothing(host_copy, tmp_path, step, run):
+    """The two quality runs trained side by side: data and EAGLE-3's training of their own
+    run, no DFlash (the levers config drops it) and no bench job (measured at home)."""
+    out = call_step(host_copy, tmp_path, step)
+    jobs = set(job_names(parse_jobs(out)))
+    assert {"synth", "extract_gather", "vocab", "train[method=eagle3]"} <= jobs, sorted(jobs)
+    assert not {j for j in jobs if j.startswith("bench") or "dflash" in j}, sorted(jobs)
+    assert f"results/{run}/drafter/eagle3" in out
+
+
 BLOCKS = {
     "METHODS_EXTRA": "lab/configs/gpu_methods_blocks.yaml",
     "METHODS_RUN": "gpu-methods-blocks",

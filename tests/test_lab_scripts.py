@@ -1,0 +1,31 @@
+"""The lab's scripts (lab/, lab/gpu/) still load against the package: they import what they
+use from it by name, so a restructuring that moves or renames a function fails here instead of
+on a GPU host (lab/tests dry-runs the host's steps; it is not part of the default run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "lab").glob("*.py")) + sorted((REPO / "lab" / "gpu").glob("*.py"))
+
+
+def test_there_are_lab_scripts():
+    assert {"drafter_speed.py", "drafter_tau_cpu.py", "adopt_synth_journal.py"} <= {
+        p.name for p in SCRIPTS
+    }
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_lab_script_loads(path, monkeypatch):
+    name = f"lab_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up
+    monkeypatch.syspath_prepend(str(path.parent))  # as for a script: its neighbours import
+    spec.loader.exec_module(module)  # definitions only: each runs main() under __main__
+    assert callable(getattr(module, "main", None)), f"{path.name} has no main()"
