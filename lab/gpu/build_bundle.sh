@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Build an offline install of the GPU lock (envs/gpu-lock.txt: vLLM 0.26.0, the CUDA 13.0 build
 # that pins torch 2.11.0, and the pipeline's dependencies) for a GPU host that has Python 3.12 and
-# torch 2.11.0 but no package index, split into 48 MiB parts: a remote command may carry at most
+# torch 2.11.0 but no package index, split into 52 MiB parts: a remote command may carry at most
 # 64 MiB, the checkout included, so the parts travel one per command (lab/gpu_host.md). Every
 # package of the lock is shipped except those the host already has at the lock's version
-# (envs/h200-host.txt, which says why), so the host runs what `scripts/setup.sh --gpu` installs.
+# (envs/h200-host.txt, which says why) and those vLLM never loads there (LEAVE_OUT below).
 #
 # usage: lab/gpu/build_bundle.sh [OUT]      (default OUT: .gpu, git-ignored)
 #   OUT/c01 ... OUT/cNN   one part each
 #   OUT/s                 host scripts (acc.sh, install.sh, env.sh) and bundle.env (sizes, sum)
 #        lab/gpu/build_bundle.sh --list     the pins it ships, one a line; downloads nothing
+#        lab/gpu/build_bundle.sh --left-out the lock's pins it leaves out (LEAVE_OUT)
 # About 15 minutes on 2 cores (downloads ~1.3 GB, xz). Needs pip, unzip, xz.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -24,10 +25,17 @@ shipped() {
        !(norm(substr($0, 1, index($0, "==") - 1)) in host) { print }' \
     "$REPO/envs/h200-host.txt" "$REPO/envs/gpu-lock.txt"
 }
-if [ "${1:-}" = --list ]; then shipped; exit 0; fi
+# Packages of the lock that vLLM pulls in but never loads on the H200 host (verified: the host
+# runs the pipeline's GPU plans without them): the CUDA 13.5 compiler packages (the host's
+# torch build has its own), cutlass-dsl and the kernels built on it (quack, tokenspeed),
+# tilelang with z3, and the video decoders. Leaving them out halves the bundle (7 parts, not 15).
+LEAVE_OUT='^(nvidia-cuda-(cccl|crt|nvcc|nvdisasm)|nvidia-nvvm|nvidia-cutlass-dsl(-libs-[a-z0-9]+)?|quack-kernels|tokenspeed-(mla|triton)|tilelang|z3-solver|torchcodec|pynvvideocodec)=='
+shipped_here() { shipped | grep -vE "$LEAVE_OUT"; }
+if [ "${1:-}" = --list ]; then shipped_here; exit 0; fi
+if [ "${1:-}" = --left-out ]; then shipped | grep -E "$LEAVE_OUT"; exit 0; fi
 
 OUT=$(realpath -m "${1:-$REPO/.gpu}")
-PART_MIB=48
+PART_MIB=52
 # A part travels with the checkout's tracked files (~11 MB): both must fit in 64 MiB.
 tree=$(cd "$REPO" && git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 [ $((tree + (PART_MIB + 2) * 1048576)) -le $((64 * 1048576)) ] || {
@@ -39,9 +47,9 @@ PIPDL=(python3 -m pip download -q --no-deps --prefer-binary --python-version 3.1
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/w" "$W/d" "$W/vtree" "$W/site"
 
-echo "downloading vllm and $(shipped | grep -vc '^vllm==') other packages of envs/gpu-lock.txt"
-"${PIPDL[@]}" -d "$W/w" "$(shipped | grep '^vllm==')"
-"${PIPDL[@]}" -d "$W/d" -r <(shipped | grep -v '^vllm==')
+echo "downloading vllm and $(shipped_here | grep -vc '^vllm==') other packages of envs/gpu-lock.txt"
+"${PIPDL[@]}" -d "$W/w" "$(shipped_here | grep '^vllm==')"
+"${PIPDL[@]}" -d "$W/d" -r <(shipped_here | grep -v '^vllm==')
 # A few pure-Python packages are published as sdists only (connection_pool): build those here;
 # a pure-Python wheel installs on any platform. Anything else without a wheel for the host stops.
 for sdist in "$W"/d/*.tar.gz "$W"/d/*.zip; do
