@@ -33,7 +33,7 @@ KEEP = [
     "logs/*.log",
     "repo/results/*/target/target.json",
     "repo/results/*/prompts/*.json",
-    "repo/results/*/prompts/bench_*.jsonl",  # the sets a drafter brought home is measured on
+    "repo/results/*/prompts/bench_*.jsonl",  # the sets a copied-off drafter is measured on
     "repo/results/*/synth/stats.json",
     "repo/results/*/prepare/stats.json",
     "repo/results/*/vocab/coverage.*",

@@ -99,12 +99,16 @@ eff_extract_8b() {
 eff() { eff_synth; eff_extract_8b; eff_extract; }
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
 # serving default (lab/configs/gpu_quality_t1.yaml), side by side on the one GPU (a measurement
-# of tau, not of speed): brought home with `collect --synth`, adopted by a later host session.
+# of tau, not of speed): copied off with `collect --synth`, adopted on a later host.
+q_synth_t0() { smk q0 --nolock --configfile config/gpu-quality.yaml --until synth; }
+q_synth_t1() {
+  smk q1 --nolock --configfile config/gpu-quality.yaml lab/configs/gpu_quality_t1.yaml --until synth
+}
 # Those two runs trained side by side from their carried journals (`h200.sh unpack` puts them in
 # place before `start`; lab/gpu_host.md): each lane adopts its run's journal once the prompts
 # and target exist (so synth asks for no answer), then extracts and trains EAGLE-3 only
-# (lab/configs/gpu_quality_levers.yaml). Their drafters come home with
-# `collect --drafters gpu-quality:eagle3 gpu-quality-t1:eagle3 --slim` to be measured there.
+# (lab/configs/gpu_quality_levers.yaml). Their drafters are copied off with
+# `collect --drafters gpu-quality:eagle3 gpu-quality-t1:eagle3 --slim`, measured elsewhere.
 Q_LEVERS=lab/configs/gpu_quality_levers.yaml
 q_train() {  # q_train LANE CONFIG...
   local lane=$1; shift
@@ -122,10 +126,6 @@ print(c.load(sys.argv[1], o)["run"])' "${cfg[@]:1}")
 }
 q_train_t0() { q_train q0; }
 q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
-q_synth_t0() { smk q0 --nolock --configfile config/gpu-quality.yaml --until synth; }
-q_synth_t1() {
-  smk q1 --nolock --configfile config/gpu-quality.yaml lab/configs/gpu_quality_t1.yaml --until synth
-}
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
