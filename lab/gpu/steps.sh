@@ -114,10 +114,8 @@ q_train() {  # q_train LANE CONFIG...
   local lane=$1; shift
   local cfg=(--configfile config/gpu-quality.yaml "$@" "$Q_LEVERS")
   local run
-  run=$(python3 -c 'import sys, yaml; from eagle3_pipeline import config as c
-o = {}
-for f in sys.argv[2:]: c.deep_update(o, yaml.safe_load(open(f)) or {})
-print(c.load(sys.argv[1], o)["run"])' "${cfg[@]:1}")
+  run=$(python3 -c 'import sys; from eagle3_pipeline import config as c
+print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
   smk "$lane" --nolock "${cfg[@]}" --until prompts_train target || return
   if [ -f "results/$run/synth/.partial/journal.jsonl" ]; then
     python3 lab/gpu/adopt_synth_journal.py "${cfg[@]}" || return

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from eagle3_pipeline import config as cfglib
 
@@ -130,10 +129,8 @@ def test_the_two_synth_lanes_write_their_own_runs(host_copy, tmp_path, step, run
     assert f"results/{run}/synth/" in out
     other = {"gpu-quality": "gpu-quality-t1", "gpu-quality-t1": "gpu-quality"}[run]
     assert f"results/{other}/" not in out
-    extra: dict = {}
-    if step.endswith("t1"):
-        extra = yaml.safe_load((host_copy / "lab/configs/gpu_quality_t1.yaml").read_text())
-    cfg = cfglib.load(host_copy / "config/gpu-quality.yaml", extra)
+    files = ["config/gpu-quality.yaml"] + ["lab/configs/gpu_quality_t1.yaml"] * step.endswith("t1")
+    cfg = cfglib.load_files([host_copy / f for f in files])
     assert str(cfg["synth"]["temperature"]) == temperature and cfg["run"] == run
 
 
