@@ -87,13 +87,10 @@ def main() -> None:
             measured = measure_rounds(server, sets, bench_cfg, 1, DRAFTER)
         finally:
             server.stop()
-        runs = {
-            name: [{**e, **e["rounds"][0][DRAFTER]} for e in entries]
-            for name, entries in measured.items()
-        }
-        for name, rows in runs.items():
-            for r in rows:
-                acc = acceptance([r["counts"]])
+        for name, entries in measured.items():
+            for r in entries:
+                passes = [rnd[DRAFTER] for rnd in r["rounds"]]  # one round
+                acc = acceptance(p["counts"] for p in passes)
                 results.append(
                     {
                         "method": method,
@@ -105,7 +102,7 @@ def main() -> None:
                         "acceptance_length": acc["acceptance_length"],
                         "per_position": acc["per_position"],
                         "drafts": acc["drafts"],
-                        "output_tokens": r["output_tokens"],
+                        "output_tokens": passes[0]["output_tokens"],
                     }
                 )
                 print(

@@ -29,12 +29,16 @@ quality() { smk quality --configfile config/gpu-quality.yaml; }
 # METHODS_EXTRA: one more config file over those two, METHODS_RUN: the run it names.
 METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml ${METHODS_EXTRA:-})
 R=results/${METHODS_RUN:-gpu-methods}
-methods_prep() {
-  smk methods "${METHODS_CFG[@]}" --until prompts_train target
-  if [ -f $R/synth/.partial/journal.jsonl ]; then
-    python3 lab/gpu/adopt_synth_journal.py "${METHODS_CFG[@]}"
+# adopt_prep LANE RUN_DIR SMK_FLAGS --configfile FILE...: the run's prompts and target, then the
+# synth journal carried into RUN_DIR (if any) adopted, so that its synth asks for no answer
+adopt_prep() {
+  local lane=$1 dir=$2 flags=$3; shift 3
+  smk "$lane" $flags "$@" --until prompts_train target || return
+  if [ -f "$dir/synth/.partial/journal.jsonl" ]; then
+    python3 lab/gpu/adopt_synth_journal.py "$@"
   fi
 }
+methods_prep() { adopt_prep methods "$R" "" "${METHODS_CFG[@]}"; }
 # (targets before --configfile: Snakemake would read them as more config files)
 methods_eagle3() { smk methods $R/bench/eagle3/metrics.json "${METHODS_CFG[@]}"; }
 methods() { smk methods "${METHODS_CFG[@]}" -k; }
@@ -116,10 +120,7 @@ q_train() {  # q_train LANE CONFIG...
   local run
   run=$(python3 -c 'import sys; from eagle3_pipeline import config as c
 print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
-  smk "$lane" --nolock "${cfg[@]}" --until prompts_train target || return
-  if [ -f "results/$run/synth/.partial/journal.jsonl" ]; then
-    python3 lab/gpu/adopt_synth_journal.py "${cfg[@]}" || return
-  fi
+  adopt_prep "$lane" "results/$run" --nolock "${cfg[@]}" || return
   smk "$lane" --nolock "${cfg[@]}" --until train
 }
 q_train_t0() { q_train q0; }
