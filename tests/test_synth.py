@@ -368,6 +368,23 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
     assert exception_lines("all fine\nINFO ready") == []
 
 
+def test_a_server_that_lost_its_memory_to_a_neighbour_says_what_to_do():
+    """Two pipelines sharing one H200 started their servers at the same moment; one died with
+    vLLM's 'No available memory for the cache blocks' (its startup profiling counted the other's
+    allocation), which on its own points at --gpu-memory-utilization only."""
+    from eagle3_pipeline.server import advice, exception_lines
+
+    log = (
+        "(EngineCore pid=1590) ValueError: No available memory for the cache blocks. Try "
+        "increasing `gpu_memory_utilization` when initializing the engine.\n"
+        "(APIServer pid=1524) RuntimeError: Engine core initialization failed. See root cause "
+        "above. Failed core proc(s): {}\n"
+    )
+    (hint,) = advice(exception_lines(log))
+    assert "--kv-cache-memory-bytes" in hint and "one at a time" in hint
+    assert advice(["RuntimeError: Engine core initialization failed."]) == []
+
+
 def test_child_processes_import_the_package_without_an_install(tmp_path):
     """The server guard, the training entry point and vLLM's connector module run in child
     interpreters; on a host where the package is not installed (an offline GPU host using

@@ -60,6 +60,24 @@ def exception_lines(log_text: str, limit: int = 5) -> list[str]:
     return seen[:limit]
 
 
+# What to do about errors whose message alone does not say it: (text in the error, advice)
+_ADVICE = (
+    (
+        "No available memory for the cache blocks",
+        "vLLM measures its own memory while it starts and counts what any other process on "
+        "the GPU allocates meanwhile (another server starting, a training) against its "
+        "budget. If the GPU is shared, start the servers one at a time, or give the KV cache "
+        "a fixed size in vllm.extra_args ([--kv-cache-memory-bytes, BYTES]: no profiling); "
+        "if it is not, raise --gpu-memory-utilization.",
+    ),
+)
+
+
+def advice(causes: list[str]) -> list[str]:
+    """What to do next for the errors a server logged that have a known remedy."""
+    return [text for needle, text in _ADVICE if any(needle in c for c in causes)]
+
+
 # "... distributed_init_method=file:///tmp/vllm_dist_<hex> backend=gloo" (every worker logs it)
 _DIST_INIT = re.compile(r"distributed_init_method=file://(\S*/(vllm_dist_[0-9a-f]+))\b")
 
@@ -269,7 +287,10 @@ class VllmServer:
         weight of the wrong shape) sits far above the last lines, which only say that the
         engine core died."""
         causes = exception_lines(self.log_text())
-        return (" Errors it logged:\n  " + "\n  ".join(causes) + "\n") if causes else ""
+        if not causes:
+            return ""
+        hints = "".join(f"What to do: {a}\n" for a in advice(causes))
+        return " Errors it logged:\n  " + "\n  ".join(causes) + "\n" + hints
 
     def log_text(self) -> str:
         """What the server logged since it started."""
