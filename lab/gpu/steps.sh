@@ -97,8 +97,8 @@ eff_extract() {
 }
 eff_extract_8b() {
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
-    $(eff_rows) --rows 512 --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4 \
-    --out "$W/bench/h200_extract_throughput_8b_rounds.json"
+    $(eff_rows) --rows 1536 --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4 \
+    --out "$W/bench/h200_extract_throughput_8b_1536_rounds.json"
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
