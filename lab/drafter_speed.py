@@ -40,7 +40,7 @@ from eagle3_pipeline import consistency
 from eagle3_pipeline.bench import BenchError
 from eagle3_pipeline.bench import cache as bench_cache
 from eagle3_pipeline.bench.measure import BASELINE, DRAFTER, bench_rounds, measure_rounds
-from eagle3_pipeline.bench.stage import drafter_rows, start_server
+from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
 from eagle3_pipeline.fileio import iter_jsonl, read_json, write_json
 from eagle3_pipeline.methods import predicted_acceptance_length
 from eagle3_pipeline.provenance import package_versions
@@ -167,11 +167,12 @@ class Starter:
             if not check["ok"]:
                 s.error = "consistency: " + "; ".join(check["problems"])
                 return
-            spec_cfg = {
-                "model": str(s.drafter_dir.resolve()),
-                "method": check["drafter"]["speculators_model_type"],
-                "num_speculative_tokens": s.k,
-            }
+            spec_cfg = speculative_config(
+                check["drafter"]["speculators_model_type"],
+                s.drafter_dir.resolve(),
+                s.k,
+                s.bench_cfg,
+            )
         s.timings["waited_s"] = round(time.monotonic() - t0, 1)
         with self._gate:
             time.sleep(max(0.0, self._last + self.stagger_s - time.monotonic()))

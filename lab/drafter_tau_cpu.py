@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import methods, prompts, target
+from eagle3_pipeline import prompts, target
 from eagle3_pipeline.bench.measure import DRAFTER, acceptance, measure_rounds
-from eagle3_pipeline.bench.stage import start_server
+from eagle3_pipeline.bench.stage import speculative_config, start_server
 from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import setup_logging
@@ -45,6 +45,13 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument(
+        "--speculative-config",
+        type=json.loads,
+        default={},
+        help="more speculative_config fields as JSON (bench.speculative_config), e.g. "
+        '\'{"draft_sample_method": "probabilistic"}\'',
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     setup_logging(None)
@@ -55,6 +62,7 @@ def main() -> None:
         "temperatures": args.temperatures,
         "concurrency": [args.concurrency],
         "max_tokens": args.max_tokens,
+        "speculative_config": args.speculative_config,
     }
     tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
     if not tj.exists():
@@ -76,11 +84,7 @@ def main() -> None:
     for item in args.drafter:
         what, path = item.split("=", 1)
         method, k = what.split(":")
-        spec_cfg = {
-            "model": str(Path(path).resolve()),
-            **methods.get(method).speculative_config(),
-            "num_speculative_tokens": int(k),
-        }
+        spec_cfg = speculative_config(method, Path(path).resolve(), int(k), bench_cfg)
         log = Path(tempfile.gettempdir()) / f"drafter-tau-{method}.log"
         server = start_server(bench_cfg, cfg["vllm"], tgt, spec_cfg, f"{method} k={k}", log)
         try:

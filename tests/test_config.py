@@ -231,6 +231,35 @@ def test_bench_chat_template_kwargs_follow_synth_unless_set():
     )
 
 
+def test_bench_speculative_config_reaches_the_drafter_servers_and_their_params_only():
+    from eagle3_pipeline.bench import cache
+    from eagle3_pipeline.bench.stage import speculative_config
+
+    probabilistic = {"draft_sample_method": "probabilistic"}
+    cfg = cfglib.validate(set_key(default(), "bench.speculative_config", probabilistic))
+    assert speculative_config("eagle3", "/d", 3, cfg["bench"]) == {
+        "model": "/d",
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic",
+    }
+    # it changes what the drafter's bench measures, not the baseline's
+    assert cfglib.result_config(cfg, "bench", method="eagle3")["bench"]["speculative_config"]
+    assert "speculative_config" not in cfglib.result_config(cfg, "bench_baseline")["bench"]
+    assert cache.measurement_settings(cfg["bench"], cfg["vllm"])["bench.speculative_config"]
+    # none: absent from the params and the cache key (a default run keeps what it had)
+    plain = cfglib.validate(default())
+    assert (
+        "speculative_config" not in cfglib.result_config(plain, "bench", method="eagle3")["bench"]
+    )
+    assert "bench.speculative_config" not in cache.measurement_settings(
+        plain["bench"], plain["vllm"]
+    )
+    # the fields the pipeline sets are refused before any job starts
+    with pytest.raises(cfglib.ConfigError, match="speculative_config"):
+        cfglib.validate(set_key(default(), "bench.speculative_config", {"method": "ngram"}))
+
+
 def test_target_chat_template_is_a_target_result_key_and_input(tmp_path):
     from eagle3_pipeline.target import defining_files
 

@@ -80,6 +80,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.concurrency",
         "bench.max_tokens",
         "bench.chat_template_kwargs",
+        "bench.speculative_config",
         "bench.rounds",
         "bench.pairing",
         "bench.min_acceptance_length",
@@ -168,6 +169,10 @@ def result_config(
             # variables keeps the params it had
             if bench_chat_template_kwargs(cfg):
                 node[name] = bench_chat_template_kwargs(cfg)
+        elif key == "bench.speculative_config":
+            # absent when empty, as chat_template_kwargs: older runs keep their params
+            if cfg["bench"]["speculative_config"]:
+                node[name] = copy.deepcopy(cfg["bench"]["speculative_config"])
         else:
             node[name] = copy.deepcopy(_lookup(cfg, key))
     if rule == "extract" and methods.extra_layer_ids(cfg["train"]):

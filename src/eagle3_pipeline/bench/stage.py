@@ -89,6 +89,17 @@ def server_args(cfg: dict, vllm_cfg: dict, paired: bool = False) -> list[str]:
     return args
 
 
+def speculative_config(method: str, drafter_dir, k: int, cfg: dict) -> dict:
+    """vLLM's speculative_config for a ``method`` drafter in ``drafter_dir`` drafting ``k``
+    tokens, with the bench section ``cfg``'s extra fields (bench.speculative_config)."""
+    return {
+        "model": str(drafter_dir),
+        **methods.get(method).speculative_config(),
+        "num_speculative_tokens": k,
+        **cfg.get("speculative_config", {}),
+    }
+
+
 def start_server(
     cfg: dict,
     vllm_cfg: dict,
@@ -278,7 +289,7 @@ def run(
     t0 = time.monotonic()
 
     def drafter_server(k: int) -> VllmServer:
-        spec_cfg = {"model": drafter_dir, **own.speculative_config(), "num_speculative_tokens": k}
+        spec_cfg = speculative_config(method, drafter_dir, k, cfg)
         what = f"the server with the {method} drafter (k={k})"
         return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
 
