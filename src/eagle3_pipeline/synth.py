@@ -41,7 +41,7 @@ from .fileio import (
 from .provenance import provenance
 from .runtime import Progress, for_each
 from .server import Endpoint, ServerError, VllmServer, external_endpoint
-from .serving import spec_for_target
+from .serving import seeded_sampling_args, spec_for_target
 from .stats import percentiles
 from .target import chat_template_text, load_info
 
@@ -259,6 +259,15 @@ render_ids = reasoning.render_ids
 # ---- the stage ----------------------------------------------------------------------------
 
 
+def server_args(cfg: dict, vllm_cfg: dict) -> list[str]:
+    """The synth server's own arguments: ``synth.server_args``, and where answers are sampled
+    with a seed per prompt what seeded sampling needs (serving.seeded_sampling_args)."""
+    args = list(cfg["server_args"])
+    if cfg["temperature"] > 0 and cfg.get("seed") is not None:
+        args += seeded_sampling_args(vllm_cfg, args)
+    return args
+
+
 @contextlib.contextmanager
 def open_endpoint(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator[Endpoint]:
     if cfg["endpoint"]:
@@ -267,7 +276,7 @@ def open_endpoint(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator
     spec = spec_for_target(
         vllm_cfg,
         target,
-        extra_args=cfg["server_args"],
+        extra_args=server_args(cfg, vllm_cfg),
         reasoning_parser=cfg.get("reasoning_parser"),
     )
     with VllmServer(spec, log_path) as server:

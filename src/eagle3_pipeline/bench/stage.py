@@ -25,7 +25,7 @@ from ..fileio import read_json, sha256_file, write_json
 from ..methods import predicted_acceptance_length
 from ..provenance import provenance
 from ..server import ServerError, VllmServer
-from ..serving import spec_for_target
+from ..serving import seeded_sampling_args, spec_for_target
 from ..stats import median
 from ..target import load_info
 from .cache import baseline_key, drafter_key, measure_cached
@@ -75,6 +75,8 @@ def server_args(cfg: dict, vllm_cfg: dict, paired: bool = False) -> list[str]:
     every = [*vllm_cfg["extra_args"], *args]
     if not any(a.split("=")[0] == "--max-num-seqs" for a in every):
         args += ["--max-num-seqs", str(max(cfg["concurrency"]))]
+    if any(t > 0 for t in cfg.get("temperatures", ())):  # every request is seeded (measure)
+        args += seeded_sampling_args(vllm_cfg, args)
     if paired and vllm_cfg["device"] == "cuda":
         share = _flag_value(every, MEMORY_FLAG)
         if share is None:
