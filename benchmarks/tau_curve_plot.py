@@ -23,6 +23,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tau_vs_data import finish_tau_plot  # a neighbour: run as a script, benchmarks/ is on the path
+
 from eagle3_pipeline import methods
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -149,14 +151,8 @@ def plot(points: list[dict], path: Path) -> None:
         color="grey",
         label="predicted by validation",
     )
-    ax.axhline(2.5, color="grey", lw=0.8, ls=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("training samples (synth answers)")
-    ax.set_ylabel("acceptance length τ at k = 3")
-    ax.set_title("τ against training data, SmolLM2-135M target")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    title = "τ against training data, SmolLM2-135M target"
+    finish_tau_plot(fig, ax, path, title, "acceptance length τ at k = 3", 7)
 
 
 def main() -> None:

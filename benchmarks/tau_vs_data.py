@@ -151,12 +151,17 @@ def plot(curve: dict, path: Path) -> None:
             alpha=0.6,
             label=f"{name} predicted by validation",
         )
+    finish_tau_plot(fig, ax, path, "τ against training data size", "acceptance length τ", 8)
+
+
+def finish_tau_plot(fig, ax, path: Path, title: str, ylabel: str, legend_size: int) -> None:
+    """The axes every τ-against-data plot shares (log samples, the 2.5 goal line), saved."""
     ax.axhline(2.5, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("training samples (synth answers)")
-    ax.set_ylabel("acceptance length τ")
-    ax.set_title("τ against training data size")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
