@@ -19,15 +19,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from drafter_tau import bench_sets, packaged_target  # a neighbour: lab/ is on the path
+
 from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import prompts, target
 from eagle3_pipeline.bench.measure import acceptance, counter_delta, scrape
 from eagle3_pipeline.bench.stage import speculative_config, start_server
-from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.provenance import package_versions
 
-REPO = Path(__file__).resolve().parents[1]
 SETTINGS = [(0.0, True, 8), (0.01, True, 8), (0.01, False, 8), (0.01, False, 1), (0.01, True, 1)]
 
 
@@ -58,15 +57,8 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     cfg = cfglib.validate({})
-    tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
-    if not tj.exists():
-        target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
-    tgt = target.load_info(tj)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "mtbench.jsonl"
-        spec = {"name": "mtbench", "source": "mtbench", "n": args.prompts}
-        prompts.build_bench(cfg["prompts"], spec, out, Path(tmp) / "mtbench.json")
-        rows = list(iter_jsonl(out))
+    tgt = packaged_target()
+    rows = bench_sets(cfg, args.prompts)["mtbench"]
     # served as a bench job with T > 0 would be (its server arguments included)
     bench = {**cfg["bench"], "temperatures": [0.0, 0.01], "concurrency": [8], "max_tokens": 96}
     drafter = Path(args.drafter).resolve()

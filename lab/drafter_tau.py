@@ -40,6 +40,31 @@ from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import setup_logging
 
 
+def packaged_target() -> dict:
+    """The packaged target in float32 (the tests' cache, materialized once)."""
+    tj = REPO / "tests" / ".cache" / "target-float32" / "target.json"
+    if not tj.exists():
+        target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
+    return target.load_info(tj)
+
+
+def bench_sets(cfg: dict, mtbench: int, humaneval: int = 0, heldout=None) -> dict[str, list]:
+    """Prompt sets as the prompts stage builds them: the first ``mtbench`` MT-Bench questions,
+    ``humaneval`` HumanEval problems, and a run's held-out set (a bench_heldout.jsonl)."""
+    sets = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, n in (("mtbench", mtbench), ("humaneval", humaneval)):
+            if not n:
+                continue
+            spec = {"name": name, "source": name, "n": n}
+            out = Path(tmp) / f"{name}.jsonl"
+            prompts.build_bench(cfg["prompts"], spec, out, Path(tmp) / f"{name}.json")
+            sets[name] = list(iter_jsonl(out))
+    if heldout:
+        sets["heldout"] = list(iter_jsonl(heldout))
+    return sets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -79,21 +104,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "speculative_config": args.speculative_config,
     }
-    tj = Path(args.target_json or REPO / "tests" / ".cache" / "target-float32" / "target.json")
-    if not tj.exists() and not args.target_json:
-        target.materialize({"source": "packaged", "dtype": "float32", "path": None}, tj)
-    tgt = target.load_info(tj)
-    sets = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, n in (("mtbench", args.mtbench), ("humaneval", args.humaneval)):
-            if not n:
-                continue
-            spec = {"name": name, "source": name, "n": n}
-            out = Path(tmp) / f"{name}.jsonl"
-            prompts.build_bench(cfg["prompts"], spec, out, Path(tmp) / f"{name}.json")
-            sets[name] = list(iter_jsonl(out))
-    if args.heldout:
-        sets["heldout"] = list(iter_jsonl(args.heldout))
+    tgt = target.load_info(args.target_json) if args.target_json else packaged_target()
+    sets = bench_sets(cfg, args.mtbench, args.humaneval, args.heldout)
 
     results = []
     for item in args.drafter:
