@@ -607,3 +607,12 @@ def test_the_cache_key_of_a_run_without_template_kwargs_is_unchanged():
     assert "bench.chat_template_kwargs" not in none
     with_kwargs = dict(cfg["bench"], chat_template_kwargs={"enable_thinking": True})
     assert cache.measurement_settings(with_kwargs, cfg["vllm"])["bench.chat_template_kwargs"]
+
+
+def test_validation_predicts_tau_at_t0_only():
+    """Validation scores drafts against the target's argmax: the T = 0 rows get its prediction,
+    the sampled ones none (at T = 1 a drafter accepted 0.25 at the first position where
+    validation said 0.81: the target's own uncertainty, docs/results.md)."""
+    prediction = {"method": "eagle3", "cond_acc": [0.8, 0.5, 0.5]}
+    assert stage.predicted_for(prediction, {"k": 3, "temperature": 0.0}) == pytest.approx(2.4)
+    assert stage.predicted_for(prediction, {"k": 3, "temperature": 1.0}) is None

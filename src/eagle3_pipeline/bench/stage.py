@@ -193,6 +193,15 @@ def _separate_baseline(baseline: dict, name: str, prompts_path) -> dict[tuple, d
     return {(r["temperature"], r["concurrency"]): r for r in entry["runs"]}
 
 
+def predicted_for(prediction: dict, row: dict) -> float | None:
+    """τ the drafter's validation predicts for a result row, at T = 0 only: validation scores
+    a draft against the target's argmax, which greedy decoding accepts; at T > 0 a draft is
+    accepted with the target's probability of it, which validation does not see."""
+    if row["temperature"] != 0:
+        return None
+    return predicted_acceptance_length(prediction, row["k"])
+
+
 def drafter_rows(
     name: str, drafted: list[dict], method: str, separate: dict[tuple, dict] | None = None
 ) -> list[dict]:
@@ -331,7 +340,7 @@ def run(
         (
             {
                 **row,
-                "predicted_acceptance_length": predicted_acceptance_length(prediction, row["k"]),
+                "predicted_acceptance_length": predicted_for(prediction, row),
             }
             for set_name, drafted in by_set.items()
             for row in drafter_rows(
