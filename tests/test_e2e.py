@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline import vllm_cpu_fixes
+
 from conftest import ci_snakemake
 
 pytestmark = [pytest.mark.server, pytest.mark.e2e]
@@ -53,7 +55,10 @@ def test_report_numbers_are_real(run_dir):
         )
     # one server without a drafter and one with it (k=2), both up in the bench job, all sets
     assert bench["this_run"]["servers_started"] == 2
-    assert (run_dir / "logs" / "bench_eagle3.log").read_text().count("starting vLLM server") == 2
+    bench_log = (run_dir / "logs" / "bench_eagle3.log").read_text()
+    assert bench_log.count("starting vLLM server") == 2
+    # the servers loaded the pipeline's vLLM plugin (speculative sampling at T > 0 on vllm-cpu)
+    assert vllm_cpu_fixes.LOG_LINE in bench_log and bench["vllm_cpu_sampling_fix"] is True
     assert not (run_dir / "bench" / "baseline.json").exists()
     assert bench["consistency"]["ok"]
     html = (run_dir / "report" / "report.html").read_text()

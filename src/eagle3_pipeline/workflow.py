@@ -95,6 +95,7 @@ MODULE_ROLES = {
     "train.trainer_config": LOGIC,
     "verify": LOGIC,
     "vllm_connector": LOGIC,
+    "vllm_cpu_fixes": LOGIC,  # loaded by vLLM's CPU servers: acceptance at T > 0
     "vocab": LOGIC,
     "workflow": INFRASTRUCTURE,
 }

