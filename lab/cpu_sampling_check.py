@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 import tempfile
 from pathlib import Path
 
-from drafter_tau import bench_sets, packaged_target  # a neighbour: lab/ is on the path
+from drafter_tau import (  # a neighbour: lab/ is on the path
+    bench_sets,
+    packaged_target,
+    write_result,
+)
 
 from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench.measure import acceptance, counter_delta, scrape
 from eagle3_pipeline.bench.stage import speculative_config, start_server
-from eagle3_pipeline.provenance import package_versions
 
 SETTINGS = [(0.0, True, 8), (0.01, True, 8), (0.01, False, 8), (0.01, False, 1), (0.01, True, 1)]
 
@@ -83,18 +84,7 @@ def main() -> None:
     finally:
         server.stop()
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "command": " ".join(["python", *sys.argv]),
-                    "prompts": len(rows),
-                    "results": results,
-                    "versions": package_versions(),
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        write_result(args.out, prompts=len(rows), results=results)
 
 
 if __name__ == "__main__":

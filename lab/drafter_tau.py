@@ -85,6 +85,13 @@ def bench_sets(cfg: dict, mtbench: int, humaneval: int = 0, heldout=None) -> dic
     return sets
 
 
+def write_result(path, **fields) -> None:
+    """A lab result file: the command that made it, ``fields``, the package versions."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    record = {"command": " ".join(["python", *sys.argv]), **fields, "versions": versions()}
+    Path(path).write_text(json.dumps(record, indent=2) + "\n")
+
+
 def measure_drafter(item, bench_cfg, vllm_cfg, tgt, sets, baseline, rounds) -> list[dict]:
     """One drafter (METHOD:K=DIR) on every set: its acceptance in one pass, or with a
     ``baseline`` server the bench stage's rows (tokens per second, speedup with its spread
@@ -211,21 +218,13 @@ def main() -> None:
         if baseline is not None:
             baseline.stop()
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "command": " ".join(["python", *sys.argv]),
-                    "results": results,
-                    "rounds": rounds if args.speed else 1,
-                    "surroundings_before": before,
-                    "bench": bench_cfg,
-                    "vllm": cfg["vllm"],
-                    "versions": versions(),
-                },
-                indent=2,
-            )
-            + "\n"
+        write_result(
+            args.out,
+            results=results,
+            rounds=rounds if args.speed else 1,
+            surroundings_before=before,
+            bench=bench_cfg,
+            vllm=cfg["vllm"],
         )
 
 

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 
-from drafter_tau import bench_sets, packaged_target  # a neighbour: lab/ is on the path
+from drafter_tau import (  # a neighbour: lab/ is on the path
+    bench_sets,
+    packaged_target,
+    write_result,
+)
 
 from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench.stage import start_server
-from eagle3_pipeline.provenance import package_versions
 
 
 async def answers(server, rows: list[dict], temperature: float, max_tokens: int, conc: int):
@@ -109,18 +110,7 @@ def main() -> None:
     finally:
         server.stop()
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "command": " ".join(["python", *sys.argv]),
-                    "max_tokens": args.max_tokens,
-                    "results": results,
-                    "versions": package_versions(),
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        write_result(args.out, max_tokens=args.max_tokens, results=results)
 
 
 if __name__ == "__main__":
