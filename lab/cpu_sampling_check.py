@@ -13,42 +13,21 @@ own scrape), so the settings differ only in the request's temperature, seed and 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 from pathlib import Path
 
 from drafter_tau import (  # a neighbour: lab/ is on the path
     bench_sets,
+    chat_all,
     packaged_target,
     write_result,
 )
 
-from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench.measure import acceptance, counter_delta, scrape
 from eagle3_pipeline.bench.stage import speculative_config, start_server
 
 SETTINGS = [(0.0, True, 8), (0.01, True, 8), (0.01, False, 8), (0.01, False, 1), (0.01, True, 1)]
-
-
-async def one_pass(server, rows: list[dict], temperature: float, seeded: bool, conc: int):
-    client = client_lib.async_client(server.base_url, timeout=900, max_retries=0)
-    gate = asyncio.Semaphore(conc)
-
-    async def one(i: int) -> None:
-        body = {
-            "model": server.model_name,
-            "messages": rows[i]["messages"],
-            "max_tokens": 96,
-            "temperature": temperature,
-        }
-        if seeded:
-            body["seed"] = 1234 + i
-        async with gate:
-            await client_lib.chat(client, body)
-
-    async with client:
-        await asyncio.gather(*(one(i) for i in range(len(rows))))
 
 
 def main() -> None:
@@ -71,7 +50,7 @@ def main() -> None:
     try:
         for temperature, seeded, conc in SETTINGS:
             before = scrape(server.base_url)
-            asyncio.run(one_pass(server, rows, temperature, seeded, conc))
+            chat_all(server, rows, temperature, 96, conc, **({} if seeded else {"seed": None}))
             acc = acceptance([counter_delta(before, scrape(server.base_url))])
             results.append(
                 {"temperature": temperature, "seeded": seeded, "concurrency": conc, **acc}

@@ -35,6 +35,7 @@ process uses: a speed figure is measured alone.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, target, vllm_cpu_fixes
 from eagle3_pipeline.bench.measure import (
@@ -51,13 +53,14 @@ from eagle3_pipeline.bench.measure import (
     bench_rounds,
     measure_alternating,
     measure_rounds,
+    request_body,
 )
 from eagle3_pipeline.bench.rounds import refuse_shared_gpu
 from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
 from eagle3_pipeline.bench.verdict import spread_text
 from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.provenance import package_versions as versions
-from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime import for_each, setup_logging
 
 
 def packaged_target() -> dict:
@@ -90,6 +93,25 @@ def write_result(path, **fields) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     record = {"command": " ".join(["python", *sys.argv]), **fields, "versions": versions()}
     Path(path).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def chat_all(server, rows, temperature, max_tokens, concurrency, **fields) -> list[dict]:
+    """Every row answered on ``server`` with the bench stage's request (measure.request_body,
+    seeded per row) and ``fields`` added to it (a None value leaves the field out),
+    ``concurrency`` at a time: the responses, in row order."""
+    cfg = {"max_tokens": max_tokens}
+    out: list[dict | None] = [None] * len(rows)
+
+    async def go(client, i: int) -> None:
+        body = {**request_body(rows[i], server.model_name, i, temperature, cfg), **fields}
+        out[i] = await client_lib.chat(client, {k: v for k, v in body.items() if v is not None})
+
+    async def run() -> None:
+        async with client_lib.async_client(server.base_url, timeout=900, max_retries=0) as client:
+            await for_each(range(len(rows)), lambda i: go(client, i), concurrency)
+
+    asyncio.run(run())
+    return out
 
 
 def measure_drafter(item, bench_cfg, vllm_cfg, tgt, sets, baseline, rounds) -> list[dict]:

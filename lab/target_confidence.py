@@ -20,50 +20,35 @@ is of the answers a greedy-data drafter was trained on.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import tempfile
 from pathlib import Path
 
 from drafter_tau import (  # a neighbour: lab/ is on the path
     bench_sets,
+    chat_all,
     packaged_target,
     write_result,
 )
 
-from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench.stage import start_server
 
 
-async def answers(server, rows: list[dict], temperature: float, max_tokens: int, conc: int):
+def answers(server, rows: list[dict], temperature: float, max_tokens: int, conc: int):
     """Per prompt, per answer position: (max p, p of the token taken)."""
-    client = client_lib.async_client(server.base_url, timeout=900, max_retries=0)
-    gate = asyncio.Semaphore(conc)
-
-    async def one(i: int) -> list[tuple[float, float]]:
-        body = {
-            "model": server.model_name,
-            "messages": rows[i]["messages"],
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "seed": 1234 + i,
-            "logprobs": True,
-            # vLLM lists the token taken first, then the top ones: max over two is max p
-            "top_logprobs": 2,
-        }
-        async with gate:
-            out = await client_lib.chat(client, body)
-        return [
+    # vLLM lists the token taken first, then the top ones: the max over two is max p
+    outs = chat_all(server, rows, temperature, max_tokens, conc, logprobs=True, top_logprobs=2)
+    return [
+        [
             (
                 math.exp(max(t["logprob"] for t in tok["top_logprobs"] + [tok])),
                 math.exp(tok["logprob"]),
             )
             for tok in out["choices"][0]["logprobs"]["content"]
         ]
-
-    async with client:
-        return await asyncio.gather(*(one(i) for i in range(len(rows))))
+        for out in outs
+    ]
 
 
 def summary(per_prompt: list[list[tuple[float, float]]]) -> dict:
@@ -96,9 +81,7 @@ def main() -> None:
     try:
         for name, rows in sets.items():
             for temperature in (1.0, 0.0):
-                got = asyncio.run(
-                    answers(server, rows, temperature, args.max_tokens, args.concurrency)
-                )
+                got = answers(server, rows, temperature, args.max_tokens, args.concurrency)
                 s = {"prompt_set": name, "temperature": temperature, **summary(got)}
                 results.append(s)
                 print(
