@@ -128,8 +128,7 @@ def test_edit_a_benchmark_set_definition(copy, tmp_path):
 def test_bench_keys(copy, tmp_path, key, value, baseline):
     repo, work = copy
     expected = sorted([BENCH, "report", *(BASELINE if baseline else [])])
-    change = {"bench": {key: value}}
-    assert with_config(tmp_path, repo, work, change) == expected
+    assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == expected
 
 
 def test_edit_a_training_prompt_file(copy):

