@@ -172,6 +172,7 @@ q_speed() {  # SPEED_T: the temperatures (default 0)
     --concurrency 1 8 --max-tokens 96 --temperatures ${SPEED_T:-0} \
     --out "$W/bench/h200_quality_speed_t${SPEED_T:-0}.json"
 }
+q_speed_t1() { SPEED_T=1 q_speed; }  # after q_speed: the same servers' settings at T = 1
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
