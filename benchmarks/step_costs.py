@@ -335,7 +335,11 @@ def gpu_processes() -> str:
 
 def report(results: dict, args) -> dict:
     metrics = Path(args.metrics)
-    runs = step_costs.measured_runs(metrics, concurrency=1) if metrics.exists() else []
+    runs = (
+        step_costs.measured_runs(metrics, concurrency=1, temperature=args.temperature)
+        if metrics.exists()
+        else []
+    )
     taus = {r["prompt_set"]: r["tau"] for r in runs if r["k"] == args.k}
     costs = {s: costs_of(r, args.k) for s, r in results.items() if "target_step_ms" in r}
     extrapolation = None
@@ -368,6 +372,8 @@ def report(results: dict, args) -> dict:
         "prompt_tokens": args.prompt_tokens,
         "decode_tokens": args.decode_tokens,
         "rounds": args.rounds,
+        "metrics": str(args.metrics),
+        "temperature": args.temperature,
         "measured_135m_c1": runs,
         "tau": taus,
         "shapes": results,
@@ -434,8 +440,11 @@ def main() -> None:
     ap.add_argument("--verify-repeats", type=int, default=4, help="verify pairs per round")
     ap.add_argument("--engine-args", default="{}", help="JSON of extra vllm.LLM arguments")
     ap.add_argument(
-        "--metrics", default=str(METRICS), help="bench metrics.json with the measured τ"
+        "--metrics",
+        default=str(METRICS),
+        help="bench metrics.json (or a lab/drafter_tau.py --speed file) with the measured τ",
     )
+    ap.add_argument("--temperature", type=float, default=0.0, help="of the measured τ")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per engine")
     ap.add_argument("--from-json", help="recompute the derived figures of a saved --out file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

@@ -59,6 +59,7 @@ from eagle3_pipeline.bench.rounds import refuse_shared_gpu
 from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
 from eagle3_pipeline.bench.verdict import spread_text
 from eagle3_pipeline.fileio import iter_jsonl
+from eagle3_pipeline.provenance import code_version
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import for_each, setup_logging
 
@@ -89,9 +90,11 @@ def bench_sets(cfg: dict, mtbench: int, humaneval: int = 0, heldout=None) -> dic
 
 
 def write_result(path, **fields) -> None:
-    """A lab result file: the command that made it, ``fields``, the package versions."""
+    """A lab result file: the command that made it, ``fields``, the code's revision and the
+    package versions."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    record = {"command": " ".join(["python", *sys.argv]), **fields, "versions": versions()}
+    command = " ".join(["python", *sys.argv])
+    record = {"command": command, **fields, "code": code_version(), "versions": versions()}
     Path(path).write_text(json.dumps(record, indent=2) + "\n")
 
 

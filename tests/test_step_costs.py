@@ -43,6 +43,17 @@ def test_measured_135m_figures_reproduce_their_own_speedup():
     assert 1.0 < mt["t_target_ms"] < 3.0  # ~590 tokens/s without the drafter
 
 
+def test_measured_runs_of_the_lab_speed_file_by_temperature():
+    """lab/drafter_tau.py --speed writes the bench stage's rows as ``results``, T = 0 and T = 1
+    side by side in one file or apart: each temperature is read on its own."""
+    path = "benchmarks/results/gpu_runs/quality-speed/h200_quality_speed_t1.json"
+    assert step_costs.measured_runs(path, concurrency=1) == []  # T = 1 only in that file
+    runs = step_costs.measured_runs(path, concurrency=8, temperature=1.0)
+    assert {r["prompt_set"] for r in runs} == {"mtbench", "humaneval", "heldout"}
+    mt = next(r for r in runs if r["prompt_set"] == "mtbench")
+    assert mt["tau"] == pytest.approx(1.41, abs=0.01) and mt["speedup"] < 1
+
+
 def test_per_step_and_verify_differences():
     assert step_costs.per_step(1300.0, 20.0, 130, 2) == pytest.approx(10.0)
     with pytest.raises(ValueError):

@@ -179,10 +179,10 @@ curve() {
 }
 facts() {
   nvidia-smi
-  python3 -c 'import sys, torch, vllm, speculators, transformers, snakemake
+  python3 -c 'import sys, torch
+from importlib.metadata import version
 print(sys.version); print("torch", torch.__version__, torch.version.cuda, torch.cuda.device_count())
-print("vllm", vllm.__version__, "speculators", speculators.__version__)
-print("transformers", transformers.__version__, "snakemake", snakemake.__version__)'
+print(*(f"{p} {version(p)}" for p in ("vllm", "speculators", "transformers", "snakemake")))'
   python3 -m pip list 2>/dev/null > "$W/bench/host_pip_list.txt"
   df -h /tmp; free -g
 }

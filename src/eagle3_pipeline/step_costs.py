@@ -91,14 +91,18 @@ def summary(samples: Sequence[float]) -> dict:
     }
 
 
-def measured_runs(metrics_path: str | Path, concurrency: int = 1) -> list[dict]:
-    """The bench stage's measured runs at ``concurrency`` (its metrics.json): per prompt set,
-    τ, the speedup (median over rounds, with its range), and the step costs they imply:
-    t_target = 1 / baseline tokens per s and t_spec = τ / tokens per s with the drafter."""
+def measured_runs(
+    metrics_path: str | Path, concurrency: int = 1, temperature: float = 0.0
+) -> list[dict]:
+    """The measured runs at ``concurrency`` and ``temperature`` of a bench stage's metrics.json
+    (its ``runs``) or of ``lab/drafter_tau.py --speed`` (the same rows as ``results``): per
+    prompt set, τ, the speedup (median over rounds, with its range), and the step costs they
+    imply: t_target = 1 / baseline tokens per s and t_spec = τ / tokens per s with the
+    drafter."""
     metrics = json.loads(Path(metrics_path).read_text())
     rows = []
-    for run in metrics["runs"]:
-        if run["concurrency"] != concurrency:
+    for run in metrics["runs"] if "runs" in metrics else metrics["results"]:
+        if run["concurrency"] != concurrency or run["temperature"] != temperature:
             continue
         rows.append(
             {
