@@ -8,13 +8,16 @@ completion (what extraction costs at the least); (b) extraction: a server with t
 extract_hidden_states method and the pipeline's connector, driven by the extract stage's client
 (verification, next-token probe, checksums, shard journal); (c) on that same server, a minimal
 client that only fetches each file and deletes it: (c)/(a) is what vLLM's capture costs,
-(b)/(c) what the pipeline's client adds. Both servers are up together and every round runs
-(a), (b) and (c), the order reversed every round (eagle3_pipeline.bench.rounds; at least 3
-rounds). Prefix caching is off so repeated rounds measure the same work. Prompt tokens/s of
-each with its spread (median, min-max), the ratios (goal (b)/(a) >= 0.90), and the client's
-CPU seconds per sample (this process: requests, validator, probe) are printed and kept; the
-result records what else ran on the machine before and after every round. A GPU that other
-processes use is refused unless --allow-shared-gpu. Server start-up is excluded.
+(b)/(c) what the pipeline's client adds; with --python-switch-interval also (d), the extract
+stage's client at Python's own switch interval instead of the client's shorter one
+(extract.client.SWITCH_INTERVAL_S): (b)/(d) is what that setting buys. Both servers are up
+together and every round runs every variant, the order reversed every round
+(eagle3_pipeline.bench.rounds; at least 3 rounds). Prefix caching is off so repeated rounds
+measure the same work. Prompt tokens/s of each with its spread (median, min-max), the ratios
+(goal (b)/(a) >= 0.90), and the client's CPU seconds per sample (this process: requests,
+validator, probe) are printed and kept; the result records what else ran on the machine
+before and after every round. A GPU that other processes use is refused unless
+--allow-shared-gpu. Server start-up is excluded.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
 from eagle3_pipeline.bench import rounds as rounds_lib
 from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_json
+from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import VllmServer
@@ -147,6 +151,12 @@ def main() -> None:
         help="override the config's share of GPU memory (an 8B target needs more than the "
         "135M configs leave it)",
     )
+    ap.add_argument(
+        "--python-switch-interval",
+        action="store_true",
+        help="also run (d): the extraction client at Python's switch interval (5 ms) instead "
+        "of its own",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.rounds < 3:
@@ -202,12 +212,12 @@ def main() -> None:
         logs = Path(tempfile.gettempdir())
         done = [0]
 
-        def full(server, todo: list[int]) -> dict:
+        def full(server, todo: list[int], **switch) -> dict:
             done[0] += 1
             root = Path(tmp) / f"hs{done[0]}"
             book = extract.ShardBook(root, 64, range(args.rows))
             ex = extract.Extractor(
-                ds, book, probe, layer_ids, arch["hidden_size"], cfg["extract"], staging
+                ds, book, probe, layer_ids, arch["hidden_size"], cfg["extract"], staging, **switch
             )
             asyncio.run(
                 ex.run(
@@ -247,10 +257,12 @@ def main() -> None:
                     )
                 ),
             }
+            if args.python_switch_interval:
+                variants["extract_python_switch"] = lambda: timed(
+                    lambda: full(cap, list(range(args.rows)), switch_interval_s=None)
+                )
             result = rounds_lib.alternate(variants, args.rounds, [bare_server, cap])
-    rates = {
-        k: rounds_lib.figure(result, k, "tokens_per_s") for k in ("bare", "extract", "minimal")
-    }
+    rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in variants}
     cpu = {k: rounds_lib.figure(result, k, "client_cpu_s_per_sample") for k in rates}
     spread = {k: rounds_lib.spread(v) for k, v in rates.items()}
     cpu_spread = {k: rounds_lib.spread(v) for k, v in cpu.items()}
@@ -275,6 +287,17 @@ def main() -> None:
         f"capture only {cpu_spread['minimal']['median']:.4f}, "
         f"bare {cpu_spread['bare']['median']:.4f}"
     )
+    switch_gain = None
+    if args.python_switch_interval:
+        switch_gain = rounds_lib.spread(
+            rounds_lib.paired_ratios(result, "extract", "extract_python_switch", "tokens_per_s")
+        )
+        print(
+            f"  extraction at the client's switch interval ({SWITCH_INTERVAL_S * 1e3:g} ms) / "
+            f"at Python's: {switch_gain['median']:.3f} (per round {switch_gain['min']:.3f}-"
+            f"{switch_gain['max']:.3f}); client CPU s per sample at Python's "
+            f"{cpu_spread['extract_python_switch']['median']:.4f}"
+        )
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -286,6 +309,8 @@ def main() -> None:
                     "ratio": ratio,
                     "ratio_per_round": paired,
                     "capture_ratio": med["minimal"] / med["bare"],
+                    "switch_interval_s": SWITCH_INTERVAL_S,
+                    "switch_interval_gain": switch_gain,
                     "client_cpu_s_per_sample": cpu,
                     "client_cpu_s_per_sample_spread": cpu_spread,
                     "rounds": result["rounds"],

@@ -11,13 +11,20 @@ per sample: wall time, CPU time, and each phase's seconds summed over the thread
 figures the extraction benchmarks print as ``validator_s_per_phase``). Writing the staged
 files is not timed. Set against a benchmark's phases on a GPU host, it shows how much of a
 phase is the work itself and how much is waiting for something else in the process.
+
+With --busy-thread the same pool runs beside a thread that loops in pure Python, as the
+extraction client's request loop does when it is busy, once at Python's switch interval
+(5 ms) and once at the client's (extract.client.SWITCH_INTERVAL_S); the busy thread's loops a
+second show what the shorter interval costs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
 from eagle3_pipeline.extract.validator import Timings, take_sample
 
 WIDTHS = {"smollm2-135m": 576, "llama-8b": 4096}
@@ -71,27 +79,70 @@ def measure(hidden: int, tokens: int, layers: int, samples: int, threads: int) -
     }
 
 
+def beside_busy_thread(hidden: int, tokens: int, layers: int, samples: int, threads: int):
+    """:func:`measure` beside a pure-Python loop, at each switch interval."""
+    runs = []
+    default = sys.getswitchinterval()
+    for interval in (default, SWITCH_INTERVAL_S):
+        stop, loops = threading.Event(), [0]
+
+        def busy(stop=stop, loops=loops):
+            while not stop.is_set():
+                sum(range(1000))
+                loops[0] += 1
+
+        sys.setswitchinterval(interval)
+        loop = threading.Thread(target=busy, daemon=True)
+        try:
+            t0 = time.perf_counter()
+            loop.start()
+            run = measure(hidden, tokens, layers, samples, threads)
+        finally:
+            stop.set()
+            loop.join()
+            sys.setswitchinterval(default)
+        run["busy_loops_per_s"] = loops[0] / (time.perf_counter() - t0)
+        runs.append({"switch_interval_s": interval, **run})
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=182, help="per sample (the packaged rows' mean)")
     ap.add_argument("--layers", type=int, default=4, help="captured layers (3 aux + final)")
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--busy-thread",
+        action="store_true",
+        help="run the pool (--threads) beside a busy Python thread at Python's switch "
+        "interval and at the extraction client's",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as the extraction client sets it for its validator threads
     result = {"args": vars(args), "shapes": {}}
     for name, hidden in WIDTHS.items():
         measure(hidden, args.tokens, args.layers, 20, 1)  # warm-up
-        runs = [
-            measure(hidden, args.tokens, args.layers, args.samples, t) for t in (1, args.threads)
-        ]
+        if args.busy_thread:
+            runs = beside_busy_thread(hidden, args.tokens, args.layers, args.samples, args.threads)
+        else:
+            runs = [
+                measure(hidden, args.tokens, args.layers, args.samples, t)
+                for t in (1, args.threads)
+            ]
         result["shapes"][name] = {"hidden_size": hidden, "runs": runs}
         for r in runs:
             phases = {k: round(v, 2) for k, v in r["phase_ms_per_sample"].items()}
+            beside = (
+                f" beside a busy thread (switch interval {r['switch_interval_s'] * 1e3:g} ms, "
+                f"{r['busy_loops_per_s']:.0f} of its loops a second)"
+                if "busy_loops_per_s" in r
+                else ""
+            )
             print(
-                f"{name}: {r['threads']} thread(s) {r['wall_ms_per_sample']:.2f} ms wall, "
-                f"{r['cpu_ms_per_sample']:.2f} ms CPU a sample; phases {phases}"
+                f"{name}: {r['threads']} thread(s){beside} {r['wall_ms_per_sample']:.2f} ms "
+                f"wall, {r['cpu_ms_per_sample']:.2f} ms CPU a sample; phases {phases}"
             )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -223,3 +223,26 @@ def test_one_batched_probe_call_gives_each_sample_its_own_agreement(greedy_row, 
     alone = [probe.agreement(x, ids, mask, 256)[0] for x in (h, shifted, h, torch.zeros_like(h))]
     assert hits == alone
     assert hits[0] == hits[2] == len(positions) and hits[1] < len(positions) / 2
+
+
+def test_the_client_switches_threads_often_while_it_extracts(tmp_path, monkeypatch):
+    """The validator threads would wait up to Python's 5 ms switch interval for the lock at
+    every torch op beside a busy request loop: the client shortens it for its run and puts
+    Python's back afterwards, also when nothing is left to extract."""
+    import asyncio
+    import sys
+
+    from eagle3_pipeline import config as cfglib
+    from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
+    from eagle3_pipeline.runtime import Progress
+
+    seen = []
+    set_interval = sys.setswitchinterval
+    monkeypatch.setattr(sys, "setswitchinterval", lambda s: (seen.append(s), set_interval(s)))
+    before = sys.getswitchinterval()
+    book = extract.ShardBook(tmp_path / "hs", 64, range(0))
+    cfg = cfglib.validate({})["extract"]
+    ex = extract.Extractor([], book, None, [2, 15, 27, 30], 576, cfg, tmp_path)
+    asyncio.run(ex.run("http://127.0.0.1:9", "m", [], Progress(0, "x"), lambda: None))
+    assert seen == [SWITCH_INTERVAL_S, before] and sys.getswitchinterval() == before
+    assert before > SWITCH_INTERVAL_S

@@ -100,6 +100,14 @@ eff_extract_8b() {
     $(eff_rows) --rows 1536 --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4 \
     --out "$W/bench/h200_extract_throughput_8b_1536_rounds.json"
 }
+# The 8B extraction with (d): the client at Python's 5 ms switch interval beside its own
+# (EFF_ROWS rows, default 1,536)
+eff_extract_8b_switch() {
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
+    $(eff_rows) --rows "${EFF_ROWS:-1536}" --concurrency 32 --rounds 3 \
+    --gpu-memory-utilization 0.4 --python-switch-interval \
+    --out "$W/bench/h200_extract_throughput_8b_switch_rounds.json"
+}
 eff() { eff_synth; eff_extract_8b; eff_extract; }
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
 # serving default (lab/configs/gpu_quality_t1.yaml), side by side on the one GPU (a measurement

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,13 @@ from .plan import ExtractError
 from .validator import ProbeBatcher, Timings, take_sample
 
 log = logging.getLogger(__name__)
+
+# Python hands its interpreter lock from thread to thread at most every 5 ms
+# (sys.getswitchinterval). With the request loop busy, a validator thread then waits up to
+# that long each time a read or a torch op gives the lock back and wants it again, a dozen
+# times a sample (benchmarks/validator_cost.py --busy-thread). The extraction job runs nothing
+# else in its process, so it switches more often while it extracts.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class Extractor:
@@ -36,8 +44,12 @@ class Extractor:
         hidden: int,
         cfg: dict,
         staging: Path,
+        switch_interval_s: float | None = SWITCH_INTERVAL_S,
     ):
+        """``switch_interval_s``: the interpreter's switch interval while it runs (None:
+        leave Python's)."""
         self.ds, self.book, self.probe = dataset, book, probe
+        self.switch_interval_s = switch_interval_s
         self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
         self.hits = self.checked = 0
         self.failures: list[dict] = []
@@ -134,8 +146,10 @@ class Extractor:
 
         # A few validator threads with one torch thread each: more would oversubscribe the
         # cores the server needs (on the CPU) without validating faster.
-        threads = torch.get_num_threads()
+        threads, switch = torch.get_num_threads(), sys.getswitchinterval()
         torch.set_num_threads(1)
+        if self.switch_interval_s:
+            sys.setswitchinterval(self.switch_interval_s)
         pool = ThreadPoolExecutor(
             max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
             thread_name_prefix="validate",
@@ -162,3 +176,4 @@ class Extractor:
             probe_pool.shutdown(wait=True)
             self.probe_batches = batcher.batches
             torch.set_num_threads(threads)
+            sys.setswitchinterval(switch)
