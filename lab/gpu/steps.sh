@@ -74,6 +74,17 @@ m_speed() {  # its server starts yield the CPUs to the trainings (nice); measure
   nice -n 10 python3 lab/drafter_speed.py --configfile "${METHODS_CFG[@]:1}" --wait 1500 \
     --store-cache --out "$W/bench/h200_drafter_speed.json" ${SPEED_FLAGS:-}  # SPEED_FLAGS=--plan
 }
+# A methods run's drafters timed against one baseline in the bench stage's alternating rounds,
+# alone on the GPU (after its trainings): EAGLE-3 at k = 3 and DFlash at block 8, k = 7
+# (lab/configs/gpu_methods_rounds.yaml), MT-Bench and the run's held-out set at concurrency 1
+# and 8, 96 tokens, 3 rounds (config/gpu.yaml).
+m_rounds() {
+  python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
+    --target-json $R/target/target.json \
+    --drafter "eagle3:3=$R/drafter/eagle3" --drafter "dflash:7=$R/drafter/dflash_b8" \
+    --mtbench 80 --heldout $R/prompts/bench_heldout.jsonl --concurrency 1 8 --max-tokens 96 \
+    --out "$W/bench/h200_methods_speed_rounds.json"
+}
 # Engine efficiency, each benchmark alone on the GPU (both refuse a GPU that another process
 # uses), in 3 alternating rounds of 15-30 s each: synth on 1,536 packaged prompts, extraction on
 # packaged ShareGPT rows of 512 tokens (the 135M target, and the Llama-3.1-8B shape with random

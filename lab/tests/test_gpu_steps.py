@@ -258,3 +258,42 @@ def test_a_slim_drafter_comes_home_in_parts_and_gets_its_embeddings_back(tmp_pat
         text=True,
     )
     assert other.returncode != 0 and "is not the one this drafter was trained with" in other.stderr
+
+
+ROUNDS = {
+    "METHODS_EXTRA": "lab/configs/gpu_methods_rounds.yaml",
+    "METHODS_RUN": "gpu-methods-rounds",
+}
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        ("m_data", {"synth", "extract_gather", "vocab"}, EAGLE3 | DFLASH | B8),
+        ("m_train_eagle3", {"train[method=eagle3]"}, DFLASH | B8),
+        ("m_train_dflash_b8", {"train[method=dflash_b8]"}, EAGLE3 | DFLASH),
+    ],
+)
+def test_the_methods_rounds_run_trains_eagle3_and_block_8_only(
+    host_copy, tmp_path, step, planned, not_planned
+):
+    out = call_step(host_copy, tmp_path, step, ROUNDS)
+    jobs = set(job_names(parse_jobs(out)))
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+    assert not {j for j in jobs if j.startswith("bench")}, sorted(jobs)
+
+
+def test_the_rounds_step_times_both_drafters_against_one_baseline(host_copy, tmp_path):
+    """m_rounds hands both drafters of the run, each at its k, to one drafter_tau --speed."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text('#!/bin/sh\necho "$@"\n')
+    (stub / "python3").chmod(0o755)
+    env = {**ROUNDS, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+    args = call_step(host_copy, tmp_path, "m_rounds", env).split()
+    assert args[:2] == ["lab/drafter_tau.py", "--configfile"] and "--speed" in args
+    run = "results/gpu-methods-rounds"
+    drafters = [args[i + 1] for i, a in enumerate(args) if a == "--drafter"]
+    assert drafters == [f"eagle3:3={run}/drafter/eagle3", f"dflash:7={run}/drafter/dflash_b8"]
+    assert args[args.index("--heldout") + 1] == f"{run}/prompts/bench_heldout.jsonl"
