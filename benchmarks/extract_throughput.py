@@ -10,7 +10,10 @@ extract_hidden_states method and the pipeline's connector, driven by the extract
 client that only fetches each file and deletes it: (c)/(a) is what vLLM's capture costs,
 (b)/(c) what the pipeline's client adds; with --python-switch-interval also (d), the extract
 stage's client at Python's own switch interval instead of the client's shorter one
-(extract.client.SWITCH_INTERVAL_S): (b)/(d) is what that setting buys. Both servers are up
+(extract.client.SWITCH_INTERVAL_S): (b)/(d) is what that setting buys; with --typed-requests
+also (e), the client sending its rows through the openai client's typed completions route
+(speculators' generate_hidden_states_async) instead of as plain JSON. Every client here sends
+plain JSON otherwise (eagle3_pipeline.client.completion). Both servers are up
 together and every round runs every variant, the order reversed every round
 (eagle3_pipeline.bench.rounds; at least 3 rounds). Prefix caching is off so repeated rounds
 measure the same work. Prompt tokens/s of each with its spread (median, min-max), the ratios
@@ -31,11 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagle3_pipeline import client as client_lib
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
 from eagle3_pipeline.bench import rounds as rounds_lib
 from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_json
-from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
+from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S, request_hidden_states
 from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.server import VllmServer
@@ -79,9 +83,6 @@ async def minimal_client(base_url: str, model: str, rows: list[list[int]], concu
     import fcntl
     import os
 
-    import openai
-    from speculators.data_generation.vllm_client import generate_hidden_states_async
-
     def fetch(path: str) -> None:
         with open(path + ".lock") as lf:
             fcntl.flock(lf, fcntl.LOCK_SH)
@@ -89,27 +90,36 @@ async def minimal_client(base_url: str, model: str, rows: list[list[int]], concu
         os.unlink(path)
 
     sem = asyncio.Semaphore(concurrency)
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
+    async with client_lib.async_client(base_url, timeout=600, max_retries=0) as c:
 
         async def one(ids):
             async with sem:
-                path, _ = await generate_hidden_states_async(c, model, {"input_ids": ids})
+                path = await request_hidden_states(c, model, ids, timeout=600, max_retries=0)
                 await asyncio.to_thread(fetch, path)
 
         await asyncio.gather(*(one(r) for r in rows))
 
 
 async def bare_prefill(base_url: str, model: str, rows: list[list[int]], concurrency: int):
-    import openai
-
     sem = asyncio.Semaphore(concurrency)
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as c:
+    async with client_lib.async_client(base_url, timeout=600, max_retries=0) as c:
 
         async def one(ids):
             async with sem:
-                await c.completions.create(model=model, prompt=ids, max_tokens=1)
+                await client_lib.completion(c, {"model": model, "prompt": ids, "max_tokens": 1})
 
         await asyncio.gather(*(one(r) for r in rows))
+
+
+async def typed_request(client, model: str, input_ids: list[int], *, timeout, max_retries):
+    """A row sent as speculators sends it: the openai client's typed completions route."""
+    from speculators.data_generation.vllm_client import generate_hidden_states_async
+
+    item = {"input_ids": input_ids}
+    path, _ = await generate_hidden_states_async(
+        client, model, item, timeout=timeout, max_retries=max_retries
+    )
+    return path
 
 
 def main() -> None:
@@ -156,6 +166,11 @@ def main() -> None:
         action="store_true",
         help="also run (d): the extraction client at Python's switch interval (5 ms) instead "
         "of its own",
+    )
+    ap.add_argument(
+        "--typed-requests",
+        action="store_true",
+        help="also run (e): the extraction client on the openai client's typed route",
     )
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -212,12 +227,12 @@ def main() -> None:
         logs = Path(tempfile.gettempdir())
         done = [0]
 
-        def full(server, todo: list[int], **switch) -> dict:
+        def full(server, todo: list[int], **options) -> dict:
             done[0] += 1
             root = Path(tmp) / f"hs{done[0]}"
             book = extract.ShardBook(root, 64, range(args.rows))
             ex = extract.Extractor(
-                ds, book, probe, layer_ids, arch["hidden_size"], cfg["extract"], staging, **switch
+                ds, book, probe, layer_ids, arch["hidden_size"], cfg["extract"], staging, **options
             )
             asyncio.run(
                 ex.run(
@@ -261,6 +276,10 @@ def main() -> None:
                 variants["extract_python_switch"] = lambda: timed(
                     lambda: full(cap, list(range(args.rows)), switch_interval_s=None)
                 )
+            if args.typed_requests:
+                variants["extract_typed"] = lambda: timed(
+                    lambda: full(cap, list(range(args.rows)), request=typed_request)
+                )
             result = rounds_lib.alternate(variants, args.rounds, [bare_server, cap])
     rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in variants}
     cpu = {k: rounds_lib.figure(result, k, "client_cpu_s_per_sample") for k in rates}
@@ -298,6 +317,17 @@ def main() -> None:
             f"{switch_gain['max']:.3f}); client CPU s per sample at Python's "
             f"{cpu_spread['extract_python_switch']['median']:.4f}"
         )
+    typed_gain = None
+    if args.typed_requests:
+        typed_gain = rounds_lib.spread(
+            rounds_lib.paired_ratios(result, "extract", "extract_typed", "tokens_per_s")
+        )
+        print(
+            f"  extraction with plain JSON requests / with the typed route: "
+            f"{typed_gain['median']:.3f} (per round {typed_gain['min']:.3f}-"
+            f"{typed_gain['max']:.3f}); client CPU s per sample on the typed route "
+            f"{cpu_spread['extract_typed']['median']:.4f}"
+        )
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -311,6 +341,7 @@ def main() -> None:
                     "capture_ratio": med["minimal"] / med["bare"],
                     "switch_interval_s": SWITCH_INTERVAL_S,
                     "switch_interval_gain": switch_gain,
+                    "plain_json_gain": typed_gain,
                     "client_cpu_s_per_sample": cpu,
                     "client_cpu_s_per_sample_spread": cpu_spread,
                     "rounds": result["rounds"],

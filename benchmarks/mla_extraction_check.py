@@ -90,17 +90,16 @@ def main() -> None:
         row = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198] * 4
         t0 = time.monotonic()
         with VllmServer(spec, Path(tmp) / "server.log") as server:
-            import openai
-            from speculators.data_generation.vllm_client import generate_hidden_states_async
+            from eagle3_pipeline import client as client_lib
+            from eagle3_pipeline.extract.client import request_hidden_states
 
-            async def one() -> str:
-                async with openai.AsyncOpenAI(
-                    base_url=server.base_url, api_key="x", max_retries=0
+            async def one() -> str:  # as the extract stage's client sends a row
+                async with client_lib.async_client(
+                    server.base_url, timeout=600, max_retries=0
                 ) as client:
-                    path, _ = await generate_hidden_states_async(
-                        client, server.model_name, {"input_ids": row}
+                    return await request_hidden_states(
+                        client, server.model_name, row, timeout=600, max_retries=0
                     )
-                    return path
 
             staged = asyncio.run(one())
         hidden = load_file(staged)["hidden_states"]

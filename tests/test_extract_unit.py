@@ -246,3 +246,31 @@ def test_the_client_switches_threads_often_while_it_extracts(tmp_path, monkeypat
     asyncio.run(ex.run("http://127.0.0.1:9", "m", [], Progress(0, "x"), lambda: None))
     assert seen == [SWITCH_INTERVAL_S, before] and sys.getswitchinterval() == before
     assert before > SWITCH_INTERVAL_S
+
+
+def test_a_staged_path_is_taken_only_from_an_answer_for_the_same_tokens():
+    """The client reads the server's completion answer as plain JSON: the staged file's path
+    comes back only when the server prefilled exactly the row's tokens; a wrong answer is
+    speculators' InvalidResponseError, which its retries never repeat."""
+    from speculators.data_generation.vllm_client import InvalidResponseError
+
+    from eagle3_pipeline.extract.client import staged_path
+
+    ids = [1, 2, 3, 4]
+
+    def answer(prompt_ids=ids, params=None):
+        params = {"hidden_states_path": "/s/a.safetensors"} if params is None else params
+        return {"choices": [{"prompt_token_ids": prompt_ids}], "kv_transfer_params": params}
+
+    assert staged_path(answer(), ids) == "/s/a.safetensors"
+    assert staged_path(answer(params={"handle": "/s/b"}), ids) == "/s/b"
+    wrong = {
+        "missing prompt_token_ids": answer(prompt_ids=None),
+        "first difference at 2": answer(prompt_ids=[1, 2, 9, 4]),
+        "missing kv_transfer_params": {"choices": [{"prompt_token_ids": ids}]},
+        "'hidden_states_path'": answer(params={"other": 1}),
+    }
+    for message, bad in wrong.items():
+        with pytest.raises(InvalidResponseError) as e:
+            staged_path(bad, ids)
+        assert message in str(e.value), str(e.value)

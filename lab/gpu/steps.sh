@@ -111,13 +111,13 @@ eff_extract_8b() {
     $(eff_rows) --rows 1536 --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4 \
     --out "$W/bench/h200_extract_throughput_8b_1536_rounds.json"
 }
-# The 8B extraction with (d): the client at Python's 5 ms switch interval beside its own
-# (EFF_ROWS rows, default 1,536)
-eff_extract_8b_switch() {
+# The 8B extraction client against itself with Python's 5 ms switch interval (d) and with the
+# openai client's typed route (e), in the same rounds (EFF_ROWS rows, default 1,536)
+eff_extract_8b_client() {
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
     $(eff_rows) --rows "${EFF_ROWS:-1536}" --concurrency 32 --rounds 3 \
-    --gpu-memory-utilization 0.4 --python-switch-interval \
-    --out "$W/bench/h200_extract_throughput_8b_switch_rounds.json"
+    --gpu-memory-utilization 0.4 --python-switch-interval --typed-requests \
+    --out "$W/bench/h200_extract_throughput_8b_client_rounds.json"
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's

@@ -5,8 +5,8 @@ Retries are the client's own: ``max_retries`` attempts more, with exponential ba
 jitter, on connection errors, timeouts and HTTP 408, 409, 429 and 5xx (and the server's
 ``retry-after``); other 4xx answers are final. Each stage chooses how many: synth its
 ``synth.retries``, health polls none (they poll anyway), the benchmark's measured requests none
-(a retried request would distort the timing; a failure is an error). Extraction calls
-speculators' ``generate_hidden_states_async``, which retries with its own per-attempt timeout,
+(a retried request would distort the timing; a failure is an error). Extraction retries with
+speculators' policy and its own per-attempt timeout (``extract.client.request_hidden_states``),
 on a client built here with ``max_retries=0``.
 """
 
@@ -58,9 +58,20 @@ async def chat(client: Any, body: dict[str, Any]) -> dict[str, Any]:
     the typed route transforms every request's parameters and builds a pydantic model of every
     answer, about 5 ms of CPU a request, which on a GPU server that answers a hundred requests
     a second is half of the client's one event-loop thread (docs/gpu.md)."""
+    return await _post_json(client, "/chat/completions", body)
+
+
+async def completion(client: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a completion, as :func:`chat` does: the body as it is, the answer as parsed JSON.
+    For a prompt of token ids the typed route's transform is the costly part: it walks the
+    list once per type of its union, a coroutine per token."""
+    return await _post_json(client, "/completions", body)
+
+
+async def _post_json(client: Any, route: str, body: dict[str, Any]) -> dict[str, Any]:
     import httpx
 
-    response = await client.post("/chat/completions", body=body, cast_to=httpx.Response)
+    response = await client.post(route, body=body, cast_to=httpx.Response)
     return response.json()
 
 

@@ -45,11 +45,14 @@ class Extractor:
         cfg: dict,
         staging: Path,
         switch_interval_s: float | None = SWITCH_INTERVAL_S,
+        request=None,
     ):
         """``switch_interval_s``: the interpreter's switch interval while it runs (None:
-        leave Python's)."""
+        leave Python's); ``request``: how a row is sent (default
+        :func:`request_hidden_states`; the benchmarks compare others)."""
         self.ds, self.book, self.probe = dataset, book, probe
         self.switch_interval_s = switch_interval_s
+        self.request = request or request_hidden_states
         self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
         self.hits = self.checked = 0
         self.failures: list[dict] = []
@@ -79,7 +82,6 @@ class Extractor:
         self, base_url: str, model: str, todo: list[int], progress: Progress, check_alive
     ) -> None:
         import torch
-        from speculators.data_generation.vllm_client import generate_hidden_states_async
 
         loop = asyncio.get_running_loop()
         failures_in_a_row = 0
@@ -129,10 +131,10 @@ class Extractor:
                 waiting.release()
                 raise errors[0]
             try:
-                staged, _ = await generate_hidden_states_async(
+                staged = await self.request(
                     client,
                     model,
-                    {"input_ids": self.ds[index]["input_ids"]},
+                    self.ds[index]["input_ids"],
                     timeout=self.cfg["request_timeout_s"],
                     max_retries=self.cfg["retries"],
                 )
@@ -157,7 +159,7 @@ class Extractor:
         probe_pool = ThreadPoolExecutor(1, thread_name_prefix="probe")
         batcher = ProbeBatcher(self.probe, probe_pool, self._timings)
         try:
-            # speculators' request function retries (extract.retries) with its own per-attempt
+            # request_hidden_states retries (extract.retries) with its own per-attempt
             # timeout: the client itself does not retry on top of it
             client = client_lib.async_client(
                 base_url, timeout=self.cfg["request_timeout_s"], max_retries=0
@@ -177,3 +179,52 @@ class Extractor:
             self.probe_batches = batcher.batches
             torch.set_num_threads(threads)
             sys.setswitchinterval(switch)
+
+
+async def request_hidden_states(
+    client, model: str, input_ids: list[int], *, timeout: float, max_retries: int
+) -> str:
+    """The staged file of one row's hidden states: speculators' ``generate_hidden_states_async``
+    for token ids (a 1-token completion; its retries: backoff, a wrong answer final) with the
+    request and the answer as plain JSON (:func:`client.completion`). The typed route spends
+    milliseconds of the event loop's interpreter lock on every request, which the validator
+    threads need."""
+    from speculators.data_generation.vllm_client import with_retries
+
+    async def once() -> str:
+        body = {"model": model, "prompt": input_ids, "max_tokens": 1, "return_token_ids": True}
+        async with asyncio.timeout(timeout):
+            answer = await client_lib.completion(client, body)
+        return staged_path(answer, input_ids)
+
+    return await with_retries(once)(max_retries=max_retries)
+
+
+def staged_path(answer: dict, input_ids: list[int]) -> str:
+    """Where the server staged the hidden states of ``input_ids``, from its completion answer,
+    checked as speculators' ``extract_output`` checks it (InvalidResponseError: not retried)."""
+    from speculators.data_generation.vllm_client import InvalidResponseError
+
+    choices = answer.get("choices") or [{}]
+    prompt_ids = choices[0].get("prompt_token_ids")
+    if prompt_ids is None:
+        raise InvalidResponseError("Response missing prompt_token_ids")
+    if prompt_ids != input_ids:
+        raise InvalidResponseError(
+            f"Prompt token IDs mismatch: expected {len(input_ids)} tokens, got "
+            f"{len(prompt_ids)} (first difference at {_first_difference(prompt_ids, input_ids)})"
+        )
+    params = answer.get("kv_transfer_params")
+    if params is None:
+        raise InvalidResponseError("Response missing kv_transfer_params")
+    path = params.get("hidden_states_path") or params.get("handle")
+    if path is None:
+        raise InvalidResponseError(
+            "Response kv_transfer_params missing both 'hidden_states_path' and 'handle'"
+        )
+    return path
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    pairs = enumerate(zip(a, b, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))

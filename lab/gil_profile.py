@@ -1,0 +1,128 @@
+"""Where the extraction client's interpreter lock goes: a py-spy profile, summarized.
+
+py-spy (``pip install py-spy``, not a dependency of the pipeline) samples only the thread that
+holds the lock with ``--gil``; this script runs it on ``benchmarks/extract_throughput.py``
+and sorts the samples of the extract stage's client (its request coroutines, its validator
+threads and the probe) into what they were doing, as milliseconds of the lock a request. With
+``--typed-requests`` among the benchmark's arguments the same rounds also send the rows
+through the openai client's typed route, so both ways of sending are measured side by side:
+
+    PYTHONPATH=src python lab/gil_profile.py --py-spy /path/to/py-spy \
+        --out benchmarks/results/efficiency/gil_profile_cpu.json -- \
+        --rows 64 --concurrency 8 --rounds 3 --typed-requests
+
+Arguments after ``--`` go to extract_throughput.py (its --rows and --rounds also give the
+number of requests). ``--raw FILE`` summarizes a profile recorded before. The bare-prefill
+and capture-only clients' samples and start-up (imports, model loading) are counted apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (category, the frames that mark it), first match wins. Each extraction variant's request
+# coroutine is Extractor.run's `one`; the typed route goes through typed_request.
+CATEGORIES = [
+    ("start-up and other", ("_find_and_load",)),  # a module's first import, once
+    ("typed route: openai transform", ("typed_request", "_transform.py")),
+    ("typed route: the rest", ("typed_request",)),
+    ("plain JSON request", ("Extractor.run.<locals>.one",)),
+    ("validator threads (read, parse, checks, hash, move)", ("take_sample",)),
+    ("probe", ("ProbeBatcher._probe",)),
+    ("validate coroutine and journal", ("Extractor.run.<locals>.validate",)),
+    ("bare-prefill client", ("bare_prefill",)),
+    ("capture-only client", ("minimal_client",)),
+]
+
+
+def categorize(stack: str) -> str:
+    for name, marks in CATEGORIES:
+        if all(m in stack for m in marks):
+            return name
+    return "start-up and other"
+
+
+# shared by every extraction variant of the run: per sample of all of them
+SHARED = ("validator threads", "probe", "validate coroutine")
+
+
+def summarize(raw: Path, rate: int, requests: int, extraction_variants: int = 1) -> dict:
+    """Samples per category, and the lock's milliseconds a request of each way of sending
+    (``requests``: rows times rounds, per variant; the validator, probe and journal per
+    sample of all ``extraction_variants``)."""
+    counts: Counter[str] = Counter()
+    opener = lzma.open if raw.suffix == ".xz" else open
+    with opener(raw, "rt", errors="replace") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        if n.isdigit():
+            counts[categorize(stack)] += int(n)
+    ms = {
+        k: 1e3 * v / rate / requests / (extraction_variants if k.startswith(SHARED) else 1)
+        for k, v in counts.items()
+        if k != "start-up and other"
+    }
+    typed = sum(v for k, v in ms.items() if k.startswith("typed route"))
+    return {
+        "samples": dict(counts.most_common()),
+        "lock_ms_per_request": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "request_lock_ms": {"typed route": typed, "plain JSON": ms.get("plain JSON request", 0)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
+    ap.add_argument("--rate", type=int, default=200, help="samples a second")
+    ap.add_argument(
+        "--raw", help="summarize this py-spy raw profile (.xz too) instead of recording one"
+    )
+    ap.add_argument("--keep-raw", help="with a recording: keep its raw profile here (xz)")
+    ap.add_argument("--out")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- extract_throughput args")
+    args = ap.parse_args()
+    bench_args = [a for a in args.bench_args if a != "--"]
+    if args.raw:
+        raw = Path(args.raw)
+    else:
+        raw = Path(tempfile.mkdtemp()) / "gil.txt"
+        bench = [sys.executable, str(REPO / "benchmarks" / "extract_throughput.py"), *bench_args]
+        record = [args.py_spy, "record", "--gil", "--nonblocking", "--format", "raw"]
+        subprocess.run(
+            [*record, "--rate", str(args.rate), "-o", str(raw), "--", *bench], check=True
+        )
+        if args.keep_raw:
+            Path(args.keep_raw).write_bytes(lzma.compress(raw.read_bytes()))
+    bench = argparse.ArgumentParser(add_help=False)
+    bench.add_argument("--rows", type=int, default=64)
+    bench.add_argument("--rounds", type=int, default=3)
+    bench.add_argument("--typed-requests", action="store_true")
+    bench.add_argument("--python-switch-interval", action="store_true")
+    known, _ = bench.parse_known_args(bench_args)
+    requests = known.rows * known.rounds
+    variants = 1 + known.typed_requests + known.python_switch_interval
+    result = {
+        "command": " ".join(sys.argv),
+        "rate": args.rate,
+        "requests_per_variant": requests,
+        "extraction_variants": variants,
+        **summarize(raw, args.rate, requests, variants),
+    }
+    for name, ms in result["lock_ms_per_request"].items():
+        print(f"{ms:7.2f} ms a request  {name}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
