@@ -306,28 +306,26 @@ def main() -> None:
         f"capture only {cpu_spread['minimal']['median']:.4f}, "
         f"bare {cpu_spread['bare']['median']:.4f}"
     )
-    switch_gain = None
-    if args.python_switch_interval:
-        switch_gain = rounds_lib.spread(
-            rounds_lib.paired_ratios(result, "extract", "extract_python_switch", "tokens_per_s")
+
+    def gain_over(variant: str, what: str) -> dict | None:
+        """The pipeline's extraction over one of its variants, per round, printed."""
+        if variant not in result["rounds"][0]:
+            return None
+        gain = rounds_lib.spread(
+            rounds_lib.paired_ratios(result, "extract", variant, "tokens_per_s")
         )
         print(
-            f"  extraction at the client's switch interval ({SWITCH_INTERVAL_S * 1e3:g} ms) / "
-            f"at Python's: {switch_gain['median']:.3f} (per round {switch_gain['min']:.3f}-"
-            f"{switch_gain['max']:.3f}); client CPU s per sample at Python's "
-            f"{cpu_spread['extract_python_switch']['median']:.4f}"
+            f"  extraction / {what}: {gain['median']:.3f} (per round {gain['min']:.3f}-"
+            f"{gain['max']:.3f}); client CPU s per sample there "
+            f"{cpu_spread[variant]['median']:.4f}"
         )
-    typed_gain = None
-    if args.typed_requests:
-        typed_gain = rounds_lib.spread(
-            rounds_lib.paired_ratios(result, "extract", "extract_typed", "tokens_per_s")
-        )
-        print(
-            f"  extraction with plain JSON requests / with the typed route: "
-            f"{typed_gain['median']:.3f} (per round {typed_gain['min']:.3f}-"
-            f"{typed_gain['max']:.3f}); client CPU s per sample on the typed route "
-            f"{cpu_spread['extract_typed']['median']:.4f}"
-        )
+        return gain
+
+    switch_gain = gain_over(
+        "extract_python_switch",
+        f"at Python's switch interval (the client's: {SWITCH_INTERVAL_S * 1e3:g} ms)",
+    )
+    typed_gain = gain_over("extract_typed", "on the typed route (the client's: plain JSON)")
     if args.out:
         Path(args.out).write_text(
             json.dumps(

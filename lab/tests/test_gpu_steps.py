@@ -63,8 +63,12 @@ def call_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) ->
     return proc.stdout
 
 
-def run_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> set[str]:
-    return set(job_names(parse_jobs(call_step(root, tmp_path, step, env))))
+def check_plan(out: str, step: str, planned: set, not_planned: set) -> set[str]:
+    """The jobs a step's dry run planned: every one of ``planned``, none of ``not_planned``."""
+    jobs = set(job_names(parse_jobs(out)))
+    assert planned <= jobs, (step, sorted(jobs))
+    assert not (not_planned & jobs), (step, sorted(jobs))
+    return jobs
 
 
 @pytest.mark.parametrize(
@@ -84,9 +88,7 @@ def run_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> 
     ],
 )
 def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, not_planned):
-    jobs = run_step(host_copy, tmp_path, step)
-    assert planned <= jobs, (step, sorted(jobs))
-    assert not (not_planned & jobs), (step, sorted(jobs))
+    check_plan(call_step(host_copy, tmp_path, step), step, planned, not_planned)
 
 
 @pytest.mark.parametrize(
@@ -100,9 +102,7 @@ def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, n
 def test_a_run_named_by_an_extra_config_file(host_copy, tmp_path, step, planned, not_planned):
     """METHODS_EXTRA/METHODS_RUN: the 2,500-sample run, its own results directory."""
     out = call_step(host_copy, tmp_path, step, SMALL)
-    jobs = set(job_names(parse_jobs(out)))
-    assert planned <= jobs, (step, sorted(jobs))
-    assert not (not_planned & jobs), (step, sorted(jobs))
+    check_plan(out, step, planned, not_planned)
     assert "results/gpu-methods-2500/" in out and "results/gpu-methods/" not in out
 
 
@@ -168,9 +168,7 @@ def test_the_block_size_run_trains_the_variant_in_a_lane_of_its_own(
 ):
     """The block-size run: DFlash at block 16 and its block-8 variant beside EAGLE-3."""
     out = call_step(host_copy, tmp_path, step, BLOCKS)
-    jobs = set(job_names(parse_jobs(out)))
-    assert planned <= jobs, (step, sorted(jobs))
-    assert not (not_planned & jobs), (step, sorted(jobs))
+    check_plan(out, step, planned, not_planned)
     assert "results/gpu-methods-blocks/" in out
 
 
@@ -277,10 +275,7 @@ ROUNDS = {
 def test_the_methods_rounds_run_trains_eagle3_and_block_8_only(
     host_copy, tmp_path, step, planned, not_planned
 ):
-    out = call_step(host_copy, tmp_path, step, ROUNDS)
-    jobs = set(job_names(parse_jobs(out)))
-    assert planned <= jobs, (step, sorted(jobs))
-    assert not (not_planned & jobs), (step, sorted(jobs))
+    jobs = check_plan(call_step(host_copy, tmp_path, step, ROUNDS), step, planned, not_planned)
     assert not {j for j in jobs if j.startswith("bench")}, sorted(jobs)
 
 
