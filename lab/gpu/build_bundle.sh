@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build an offline install of the GPU lock (envs/gpu-lock.txt: vLLM 0.26.0, the CUDA 13.0 build
 # that pins torch 2.11.0, and the pipeline's dependencies) for a GPU host that has Python 3.12 and
-# torch 2.11.0 but no package index, split into 52 MiB parts: a remote command may carry at most
+# torch 2.11.0 but no package index, split into parts of up to 52 MiB: a remote command may carry at most
 # 64 MiB, the checkout included, so the parts travel one per command (lab/gpu_host.md). Every
 # package of the lock is shipped except those the host already has at the lock's version
 # (envs/h200-host.txt, which says why) and those vLLM never loads there (LEAVE_OUT below).
@@ -35,12 +35,14 @@ if [ "${1:-}" = --list ]; then shipped_here; exit 0; fi
 if [ "${1:-}" = --left-out ]; then shipped | grep -E "$LEAVE_OUT"; exit 0; fi
 
 OUT=$(realpath -m "${1:-$REPO/.gpu}")
-PART_MIB=52
-# A part travels with the checkout's tracked files (~11 MB): both must fit in 64 MiB.
+# A part travels with the checkout's tracked files (~11 MB): both, and 2 MiB to spare, must fit
+# in 64 MiB, so the part size follows the checkout's (52 MiB at most).
 tree=$(cd "$REPO" && git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-[ $((tree + (PART_MIB + 2) * 1048576)) -le $((64 * 1048576)) ] || {
-  echo "the checkout's files ($((tree / 1048576)) MiB) and a $PART_MIB MiB part exceed 64 MiB:" \
-    "lower PART_MIB" >&2; exit 1; }
+PART_MIB=$(( (64 * 1048576 - tree) / 1048576 - 2 ))
+[ "$PART_MIB" -le 52 ] || PART_MIB=52
+[ "$PART_MIB" -ge 16 ] || {
+  echo "the checkout's files ($((tree / 1048576)) MiB) leave less than 16 MiB of a 64 MiB carry" \
+    "for a part: move large result files out of the tracked tree" >&2; exit 1; }
 PLAT=$(cat "$HERE/platforms.txt")
 PIPDL=(python3 -m pip download -q --no-deps --prefer-binary --python-version 3.12
        --implementation cp --abi cp312 --abi abi3 --abi none $PLAT)
