@@ -12,8 +12,10 @@ client that only fetches each file and deletes it: (c)/(a) is what vLLM's captur
 stage's client at Python's own switch interval instead of the client's shorter one
 (extract.client.SWITCH_INTERVAL_S): (b)/(d) is what that setting buys; with --typed-requests
 also (e), the client sending its rows through the openai client's typed completions route
-(speculators' generate_hidden_states_async) instead of as plain JSON. Every client here sends
-plain JSON otherwise (eagle3_pipeline.client.completion). Both servers are up
+(speculators' generate_hidden_states_async) instead of as plain JSON; with --httpx-transport
+also (f), the client over the openai client's default httpx transport instead of aiohttp
+(eagle3_pipeline.client.async_client). Every client here sends plain JSON through aiohttp
+otherwise (eagle3_pipeline.client.completion). Both servers are up
 together and every round runs every variant, the order reversed every round
 (eagle3_pipeline.bench.rounds; at least 3 rounds). Prefix caching is off so repeated rounds
 measure the same work. Prompt tokens/s of each with its spread (median, min-max), the ratios
@@ -172,6 +174,11 @@ def main() -> None:
         action="store_true",
         help="also run (e): the extraction client on the openai client's typed route",
     )
+    ap.add_argument(
+        "--httpx-transport",
+        action="store_true",
+        help="also run (f): the extraction client over httpx instead of aiohttp",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.rounds < 3:
@@ -280,6 +287,10 @@ def main() -> None:
                 variants["extract_typed"] = lambda: timed(
                     lambda: full(cap, list(range(args.rows)), request=typed_request)
                 )
+            if args.httpx_transport:
+                variants["extract_httpx"] = lambda: timed(
+                    lambda: full(cap, list(range(args.rows)), transport="httpx")
+                )
             result = rounds_lib.alternate(variants, args.rounds, [bare_server, cap])
     rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in variants}
     cpu = {k: rounds_lib.figure(result, k, "client_cpu_s_per_sample") for k in rates}
@@ -326,6 +337,7 @@ def main() -> None:
         f"at Python's switch interval (the client's: {SWITCH_INTERVAL_S * 1e3:g} ms)",
     )
     typed_gain = gain_over("extract_typed", "on the typed route (the client's: plain JSON)")
+    aiohttp_gain = gain_over("extract_httpx", "over httpx (the client's: aiohttp)")
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -340,6 +352,7 @@ def main() -> None:
                     "switch_interval_s": SWITCH_INTERVAL_S,
                     "switch_interval_gain": switch_gain,
                     "plain_json_gain": typed_gain,
+                    "aiohttp_gain": aiohttp_gain,
                     "client_cpu_s_per_sample": cpu,
                     "client_cpu_s_per_sample_spread": cpu_spread,
                     "rounds": result["rounds"],

@@ -4,15 +4,16 @@
 
 Starts one vLLM server on the target (default: the packaged SmolLM2, materialized under
 tests/.cache) with prefix caching off, then runs --rounds rounds (at least 3) of (a) the
-pipeline's synth client (the openai client with retries, journaling every record, progress)
-and (b) a bare aiohttp client firing the same requests, the order reversed every round
-(eagle3_pipeline.bench.rounds), and reports completion tokens/s of each with its spread
-(median, min-max), the ratio, and the CPU time each client spends per request (the server is
-another process: on a GPU host, where the server is fast, a client's CPU per request caps its
-rate). The result records what else ran on the machine (GPU processes and utilization, load
-average) before and after every round; a GPU that other processes use is refused unless
---allow-shared-gpu. --profile adds one unmeasured pipeline run under cProfile and prints where
-its CPU time goes. Goal: ratio >= 0.95.
+pipeline's synth client (the openai client over aiohttp with retries, journaling every record,
+progress) and (b) a bare aiohttp client firing the same requests, the order reversed every
+round (eagle3_pipeline.bench.rounds); with --httpx-transport also (c), the pipeline's client
+over the openai client's default httpx transport. It reports completion tokens/s of each with
+its spread (median, min-max), the ratio, and the CPU time each client spends per request
+(the server is another process: on a GPU host, where the server is fast, a client's CPU per
+request caps its rate). The result records what else ran on the machine (GPU processes and
+utilization, load average) before and after every round; a GPU that other processes use is
+refused unless --allow-shared-gpu. --profile adds one unmeasured pipeline run under cProfile
+and prints where its CPU time goes. Goal: ratio >= 0.95.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from eagle3_pipeline.server import Endpoint, VllmServer
 from eagle3_pipeline.serving import spec_from_config
 
 REPO = Path(__file__).resolve().parents[1]
+# the pipeline's client variants and their HTTP transports (eagle3_pipeline.client.TRANSPORTS)
+TRANSPORT_OF = {"pipeline": "aiohttp", "pipeline_httpx": "httpx"}
 
 
 async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
@@ -59,12 +62,13 @@ async def bare(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
         return sum(await asyncio.gather(*(one(s, r) for r in rows)))
 
 
-def pipeline(endpoint: Endpoint, rows: list[dict], cfg: dict) -> int:
+def pipeline(endpoint: Endpoint, rows: list[dict], cfg: dict, transport: str = "aiohttp") -> int:
     with tempfile.TemporaryDirectory() as tmp:
         journal = AppendLog(Path(tmp) / "journal.jsonl")
         journal.open()
+        progress = Progress(len(rows), "synth", every_s=1e9)
         outcome = asyncio.run(
-            synth.generate(endpoint, rows, cfg, journal, Progress(len(rows), "synth", every_s=1e9))
+            synth.generate(endpoint, rows, cfg, journal, progress, transport=transport)
         )
         journal.close()
     return outcome["completion_tokens"]
@@ -99,6 +103,11 @@ def main() -> None:
         "--config", help="a pipeline config whose vllm section to use (e.g. config/gpu.yaml)"
     )
     ap.add_argument("--profile", action="store_true", help="profile one extra pipeline run")
+    ap.add_argument(
+        "--httpx-transport",
+        action="store_true",
+        help="also run (c): the pipeline's client over httpx instead of aiohttp",
+    )
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     if args.rounds < 3:
@@ -134,9 +143,9 @@ def main() -> None:
         def run() -> dict:
             t0, c0 = time.monotonic(), time.process_time()
             tokens = (
-                pipeline(ep, rows, cfg["synth"])
-                if which == "pipeline"
-                else asyncio.run(bare(ep, rows, cfg["synth"]))
+                asyncio.run(bare(ep, rows, cfg["synth"]))
+                if which == "bare"
+                else pipeline(ep, rows, cfg["synth"], transport=TRANSPORT_OF[which])
             )
             wall = time.monotonic() - t0
             return {
@@ -151,12 +160,11 @@ def main() -> None:
     with VllmServer(spec, Path(tempfile.gettempdir()) / "synth-bench-server.log") as server:
         ep = Endpoint(base_url=server.base_url, model=server.model_name, server=server)
         asyncio.run(bare(ep, rows[:4], cfg["synth"]))  # warm-up
-        result = rounds_lib.alternate(
-            {"pipeline": timed("pipeline"), "bare": timed("bare")}, args.rounds, [server]
-        )
+        variants = ["pipeline", "bare"] + ["pipeline_httpx"] * args.httpx_transport
+        result = rounds_lib.alternate({k: timed(k) for k in variants}, args.rounds, [server])
         if args.profile:
             profile = profiled(lambda: pipeline(ep, rows, cfg["synth"]))
-    rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in ("pipeline", "bare")}
+    rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in variants}
     cpu = {k: rounds_lib.figure(result, k, "client_cpu_ms_per_request") for k in rates}
     spread = {k: rounds_lib.spread(v) for k, v in rates.items()}
     cpu_spread = {k: rounds_lib.spread(v) for k, v in cpu.items()}
@@ -171,6 +179,16 @@ def main() -> None:
         f"client CPU per request: pipeline {cpu_spread['pipeline']['median']:.2f} ms, "
         f"bare {cpu_spread['bare']['median']:.2f} ms"
     )
+    aiohttp_gain = None
+    if args.httpx_transport:
+        aiohttp_gain = rounds_lib.spread(
+            rounds_lib.paired_ratios(result, "pipeline", "pipeline_httpx", "tokens_per_s")
+        )
+        print(
+            f"pipeline (aiohttp) / pipeline over httpx: {aiohttp_gain['median']:.3f} (per round "
+            f"{aiohttp_gain['min']:.3f}-{aiohttp_gain['max']:.3f}); client CPU per request "
+            f"over httpx {cpu_spread['pipeline_httpx']['median']:.2f} ms"
+        )
     if profile:
         print(profile)
     if args.out:
@@ -183,6 +201,7 @@ def main() -> None:
                     "spread": spread,
                     "ratio": ratio,
                     "ratio_per_round": paired,
+                    "aiohttp_gain": aiohttp_gain,
                     "client_cpu_ms_per_request": cpu,
                     "client_cpu_ms_per_request_spread": cpu_spread,
                     "rounds": result["rounds"],

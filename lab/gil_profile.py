@@ -24,6 +24,7 @@ import lzma
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +42,9 @@ CATEGORIES = [
     ("validate coroutine and journal", ("Extractor.run.<locals>.validate",)),
     ("bare-prefill client", ("bare_prefill",)),
     ("capture-only client", ("minimal_client",)),
+    # aiohttp's protocol callbacks run from the event loop, outside any request's coroutine:
+    # every client's responses arrive through them
+    ("HTTP transport callbacks (aiohttp), every client's", ("aiohttp/",)),
 ]
 
 
@@ -53,12 +57,17 @@ def categorize(stack: str) -> str:
 
 # shared by every extraction variant of the run: per sample of all of them
 SHARED = ("validator threads", "probe", "validate coroutine")
+# shared by every client of the run (bare prefill and capture only too): per request of all
+EVERY_CLIENT = ("HTTP transport callbacks",)
 
 
-def summarize(raw: Path, rate: int, requests: int, extraction_variants: int = 1) -> dict:
+def summarize(
+    raw: Path, rate: int, requests: int, extraction_variants: int = 1, clients: int = 3
+) -> dict:
     """Samples per category, and the lock's milliseconds a request of each way of sending
     (``requests``: rows times rounds, per variant; the validator, probe and journal per
-    sample of all ``extraction_variants``)."""
+    sample of all ``extraction_variants``; the transport's callbacks per request of all
+    ``clients``: the extraction variants, bare prefill and capture only)."""
     counts: Counter[str] = Counter()
     opener = lzma.open if raw.suffix == ".xz" else open
     with opener(raw, "rt", errors="replace") as f:
@@ -67,8 +76,14 @@ def summarize(raw: Path, rate: int, requests: int, extraction_variants: int = 1)
         stack, _, n = line.rpartition(" ")
         if n.isdigit():
             counts[categorize(stack)] += int(n)
+
+    def per(k: str) -> int:
+        if k.startswith(SHARED):
+            return extraction_variants
+        return clients if k.startswith(EVERY_CLIENT) else 1
+
     ms = {
-        k: 1e3 * v / rate / requests / (extraction_variants if k.startswith(SHARED) else 1)
+        k: 1e3 * v / rate / requests / per(k)
         for k, v in counts.items()
         if k != "start-up and other"
     }
@@ -92,15 +107,18 @@ def main() -> None:
     ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- extract_throughput args")
     args = ap.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
+    recording_s = None
     if args.raw:
         raw = Path(args.raw)
     else:
         raw = Path(tempfile.mkdtemp()) / "gil.txt"
         bench = [sys.executable, str(REPO / "benchmarks" / "extract_throughput.py"), *bench_args]
         record = [args.py_spy, "record", "--gil", "--nonblocking", "--format", "raw"]
+        t0 = time.monotonic()
         subprocess.run(
             [*record, "--rate", str(args.rate), "-o", str(raw), "--", *bench], check=True
         )
+        recording_s = time.monotonic() - t0
         if args.keep_raw:
             Path(args.keep_raw).write_bytes(lzma.compress(raw.read_bytes()))
     bench = argparse.ArgumentParser(add_help=False)
@@ -108,15 +126,22 @@ def main() -> None:
     bench.add_argument("--rounds", type=int, default=3)
     bench.add_argument("--typed-requests", action="store_true")
     bench.add_argument("--python-switch-interval", action="store_true")
+    bench.add_argument("--httpx-transport", action="store_true")
     known, _ = bench.parse_known_args(bench_args)
     requests = known.rows * known.rounds
-    variants = 1 + known.typed_requests + known.python_switch_interval
+    variants = 1 + known.typed_requests + known.python_switch_interval + known.httpx_transport
+    summary = summarize(raw, args.rate, requests, variants, clients=variants + 2)
+    held_s = sum(summary["samples"].values()) / args.rate
     result = {
         "command": " ".join(sys.argv),
         "rate": args.rate,
         "requests_per_variant": requests,
         "extraction_variants": variants,
-        **summarize(raw, args.rate, requests, variants),
+        # how much of the recording (start-up and server starts included) the lock was held
+        "recording_s": recording_s,
+        "lock_held_s": held_s,
+        "lock_held_share": held_s / recording_s if recording_s else None,
+        **summary,
     }
     for name, ms in result["lock_ms_per_request"].items():
         print(f"{ms:7.2f} ms a request  {name}")

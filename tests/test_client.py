@@ -7,6 +7,7 @@ import asyncio
 import http.server
 import json
 import threading
+import time
 
 import pytest
 
@@ -47,6 +48,7 @@ def server():
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             srv.requests.append((self.path, body))
+            time.sleep(srv.delays.pop(0) if srv.delays else 0)
             status = srv.statuses.pop(0) if srv.statuses else 200
             self.reply(status, ANSWER if status == 200 else {"error": {"message": "no"}})
 
@@ -57,7 +59,7 @@ def server():
             pass
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.requests, srv.statuses = [], []
+    srv.requests, srv.statuses, srv.delays = [], [], []
     srv.base_url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
@@ -77,28 +79,48 @@ CFG = {
 PROMPT = {"id": "p1", "messages": [{"role": "user", "content": "hello"}]}
 
 
-def answer(srv, **cfg):
+def answer(srv, transport="aiohttp", **cfg):
     from eagle3_pipeline import client as client_lib
 
     async def go():
         c = {**CFG, **cfg}
         async with client_lib.async_client(
-            srv.base_url, timeout=c["request_timeout_s"], max_retries=c["retries"]
+            srv.base_url,
+            timeout=c["request_timeout_s"],
+            max_retries=c["retries"],
+            transport=transport,
         ) as client:
             return await synth.answer(client, Endpoint(srv.base_url, "m"), PROMPT, c)
 
     return asyncio.run(go())
 
 
-def test_transient_errors_are_retried_and_vllm_fields_travel(server):
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_transient_errors_are_retried_and_vllm_fields_travel(server, transport):
     server.statuses = [503, 500]
-    rec = answer(server)
+    rec = answer(server, transport)
     assert rec["prompt_token_ids"] == [1, 2, 3] and rec["completion_token_ids"] == [4, 5]
     assert len(server.requests) == 3  # two retries
     path, body = server.requests[-1]
     assert path == "/v1/chat/completions"
     assert body["return_token_ids"] is True and body["chat_template_kwargs"]
     assert body["messages"] == PROMPT["messages"] and body["max_tokens"] == 8
+
+
+def test_the_async_client_sends_through_aiohttp_and_times_out_as_a_transient_error(server):
+    """aiohttp, not httpx's pool (the costlier one with many requests in flight), and its
+    read timeout is the client's: a request that outlasts it is retried, then Transient."""
+    import openai
+
+    from eagle3_pipeline import client as client_lib
+
+    client = client_lib.async_client(server.base_url, timeout=1, max_retries=0)
+    assert isinstance(client._client, openai.DefaultAioHttpClient)
+    server.delays = [3, 3]
+    t0 = time.monotonic()
+    with pytest.raises(synth.Transient, match="Timeout"):
+        answer(server, request_timeout_s=0.5, retries=1)
+    assert len(server.requests) == 2 and time.monotonic() - t0 < 2.9
 
 
 def test_retries_run_out_and_refusals_are_final(server):

@@ -30,6 +30,7 @@ KEEP = [
     "plan.log",
     "bench/*.json",
     "bench/*.txt",
+    "bench/*.raw.xz",  # py-spy profiles (lab/gil_profile.py --keep-raw)
     "logs/*.log",
     "repo/results/*/target/target.json",
     "repo/results/*/prompts/*.json",

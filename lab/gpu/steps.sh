@@ -111,13 +111,32 @@ eff_extract_8b() {
     $(eff_rows) --rows 1536 --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4 \
     --out "$W/bench/h200_extract_throughput_8b_1536_rounds.json"
 }
-# The 8B extraction client against itself with Python's 5 ms switch interval (d) and with the
-# openai client's typed route (e), in the same rounds (EFF_ROWS rows, default 1,536)
+# The clients against themselves in the same rounds: synth and the 8B extraction over openai's
+# httpx transport (c, f), extraction also on the openai client's typed route (e) (EFF_ROWS
+# rows, default 1,536)
+eff_synth_client() {
+  python3 benchmarks/synth_throughput.py --config config/gpu.yaml --prompts 1536 \
+    --concurrency 64 --max-tokens 128 --rounds 3 --httpx-transport \
+    --out "$W/bench/h200_synth_throughput_client_rounds.json"
+}
 eff_extract_8b_client() {
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
     $(eff_rows) --rows "${EFF_ROWS:-1536}" --concurrency 32 --rounds 3 \
-    --gpu-memory-utilization 0.4 --python-switch-interval --typed-requests \
+    --gpu-memory-utilization 0.4 --typed-requests --httpx-transport \
     --out "$W/bench/h200_extract_throughput_8b_client_rounds.json"
+}
+eff_extract_client() {  # the 135M target, the same variants
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml $(eff_rows) \
+    --rows 1536 --concurrency 32 --rounds 3 --typed-requests --httpx-transport \
+    --out "$W/bench/h200_extract_throughput_135m_client_rounds.json"
+}
+# Who holds the extraction client's interpreter lock at the 8B shape (lab/gil_profile.py):
+# py-spy, which the host has no index for, carried to /tmp/w/tools (lab/gpu_host.md)
+gil_extract_8b() {
+  python3 lab/gil_profile.py --py-spy "${PYSPY:-$W/tools/py-spy}" \
+    --keep-raw "$W/bench/gil_profile_8b.raw.xz" --out "$W/bench/gil_profile_8b.json" -- \
+    --config config/gpu.yaml --dummy-shape llama-8b --rows "${EFF_ROWS:-1024}" \
+    --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's

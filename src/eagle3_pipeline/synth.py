@@ -141,9 +141,11 @@ async def generate(
     journal: AppendLog,
     progress: Progress,
     max_model_len: int | None = None,
+    transport: str = "aiohttp",
 ) -> Counter:
     """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives (under
-    the prompt's key; a rejection also records the ``max_model_len`` it happened under)."""
+    the prompt's key; a rejection also records the ``max_model_len`` it happened under).
+    ``transport``: the client's (:func:`client.async_client`; the benchmark compares them)."""
     outcome: Counter = Counter()
     consecutive_transient = 0
 
@@ -185,6 +187,7 @@ async def generate(
         api_key=endpoint.api_key,
         timeout=cfg["request_timeout_s"],
         max_retries=cfg["retries"],
+        transport=transport,
     )
     async with client:
         await for_each(prompts, lambda p: one(client, p), cfg["concurrency"])

@@ -46,13 +46,16 @@ class Extractor:
         staging: Path,
         switch_interval_s: float | None = SWITCH_INTERVAL_S,
         request=None,
+        transport: str = "aiohttp",
     ):
         """``switch_interval_s``: the interpreter's switch interval while it runs (None:
         leave Python's); ``request``: how a row is sent (default
-        :func:`request_hidden_states`; the benchmarks compare others)."""
+        :func:`request_hidden_states`); ``transport``: the HTTP client's
+        (:func:`client.async_client`). The benchmarks compare the alternatives."""
         self.ds, self.book, self.probe = dataset, book, probe
         self.switch_interval_s = switch_interval_s
         self.request = request or request_hidden_states
+        self.transport = transport
         self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
         self.hits = self.checked = 0
         self.failures: list[dict] = []
@@ -162,7 +165,10 @@ class Extractor:
             # request_hidden_states retries (extract.retries) with its own per-attempt
             # timeout: the client itself does not retry on top of it
             client = client_lib.async_client(
-                base_url, timeout=self.cfg["request_timeout_s"], max_retries=0
+                base_url,
+                timeout=self.cfg["request_timeout_s"],
+                max_retries=0,
+                transport=self.transport,
             )
             async with client:
                 await for_each(todo, lambda i: one(client, i), self.cfg["concurrency"])
