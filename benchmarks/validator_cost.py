@@ -16,12 +16,18 @@ With --busy-thread the same pool runs beside a thread that loops in pure Python,
 extraction client's request loop does when it is busy, once at Python's switch interval
 (5 ms) and once at the client's (extract.client.SWITCH_INTERVAL_S); the busy thread's loops a
 second show what the shorter interval costs it.
+
+With --fresh-buffers the pool runs --rounds rounds (order reversed every round) with the
+validator's per-thread scratch buffer for the bit checks and with a fresh tensor a sample
+instead (verify._masked), and reports the medians and min-max of wall time, page faults and
+system CPU a sample: fresh memory is page-faulted and zeroed by the kernel.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import tempfile
 import threading
@@ -32,6 +38,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from eagle3_pipeline.bench.rounds import spread
 from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
 from eagle3_pipeline.extract.validator import Timings, take_sample
 
@@ -52,6 +59,7 @@ def measure(hidden: int, tokens: int, layers: int, samples: int, threads: int) -
         for p in staged:
             p.write_bytes(blob)
         timings = Timings()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0, c0 = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(threads) as pool:
             list(
@@ -71,10 +79,13 @@ def measure(hidden: int, tokens: int, layers: int, samples: int, threads: int) -
                 )
             )
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "threads": threads,
         "wall_ms_per_sample": 1e3 * wall / samples,
         "cpu_ms_per_sample": 1e3 * cpu / samples,
+        "system_cpu_ms_per_sample": 1e3 * (r1.ru_stime - r0.ru_stime) / samples,
+        "page_faults_per_sample": (r1.ru_minflt - r0.ru_minflt) / samples,
         "phase_ms_per_sample": {k: 1e3 * v / samples for k, v in timings.seconds.items()},
     }
 
@@ -106,6 +117,32 @@ def beside_busy_thread(hidden: int, tokens: int, layers: int, samples: int, thre
     return runs
 
 
+def fresh_against_scratch(hidden, tokens, layers, samples, threads, rounds) -> dict:
+    """:func:`measure` with the scratch buffer and with a fresh tensor a sample, alternating."""
+    from eagle3_pipeline import verify
+
+    scratch = verify._masked
+
+    def fresh(bits, mask):
+        return bits & mask
+
+    runs: dict[str, list] = {"scratch": [], "fresh": []}
+    for r in range(rounds):
+        for name in ("scratch", "fresh") if r % 2 == 0 else ("fresh", "scratch"):
+            verify._masked = scratch if name == "scratch" else fresh
+            try:
+                runs[name].append(measure(hidden, tokens, layers, samples, threads))
+            finally:
+                verify._masked = scratch
+    keys = ("wall_ms_per_sample", "page_faults_per_sample", "system_cpu_ms_per_sample")
+    return {
+        "rounds": runs,
+        "summary": {
+            name: {k: spread([run[k] for run in rs]) for k in keys} for name, rs in runs.items()
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=182, help="per sample (the packaged rows' mean)")
@@ -118,12 +155,34 @@ def main() -> None:
         help="run the pool (--threads) beside a busy Python thread at Python's switch "
         "interval and at the extraction client's",
     )
+    ap.add_argument(
+        "--fresh-buffers",
+        action="store_true",
+        help="compare the bit checks' per-thread scratch buffer with a fresh tensor a sample",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="with --fresh-buffers (>= 3)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.fresh_buffers and args.rounds < 3:
+        ap.error("--rounds: at least 3 (a spread needs them)")
     torch.set_num_threads(1)  # as the extraction client sets it for its validator threads
     result = {"args": vars(args), "shapes": {}}
     for name, hidden in WIDTHS.items():
         measure(hidden, args.tokens, args.layers, 20, 1)  # warm-up
+        if args.fresh_buffers:
+            ab = fresh_against_scratch(
+                hidden, args.tokens, args.layers, args.samples, args.threads, args.rounds
+            )
+            result["shapes"][name] = {"hidden_size": hidden, **ab}
+            for variant, figures in ab["summary"].items():
+                print(
+                    f"{name}: {args.threads} thread(s), {variant} buffers: "
+                    + ", ".join(
+                        f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+                        for k, v in figures.items()
+                    )
+                )
+            continue
         if args.busy_thread:
             runs = beside_busy_thread(hidden, args.tokens, args.layers, args.samples, args.threads)
         else:

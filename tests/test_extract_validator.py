@@ -83,6 +83,37 @@ def test_bit_checks_keep_the_sample_bytes(tmp_path):
     assert torch.equal(t["hidden_states"].view(torch.int16), before.view(torch.int16))
 
 
+def test_the_reused_scratch_buffer_never_mixes_samples():
+    """The bit checks write into a buffer each thread keeps (verify._masked): a sample of
+    another size or dtype, after a larger or a corrupt one, and samples checked side by side
+    in threads, each get exactly their own verdict."""
+    big = {"hidden_states": torch.randn(4 * T, L, H).to(torch.bfloat16)}
+    big["token_ids"] = torch.arange(4 * T)
+    order = [
+        (big, None),
+        (corrupt(sample("bf16"), "nan"), "NaN or Inf"),
+        (sample("bf16", 1), None),
+        (corrupt(sample("fp8"), "zero_row"), "all-zero"),
+        (sample("fp8", 2), None),
+        (corrupt(sample("bf16", 3), "negative_zero_row"), "all-zero"),
+    ]
+
+    def verdict(t: dict):
+        ids = t["token_ids"].tolist()
+        try:
+            verify.check_stored(t, ids, L, H, shards.SCALES_KEY)
+        except verify.VerificationError as e:
+            return str(e)
+        return None
+
+    for t, expected in order:
+        got = verdict(t)
+        assert (got is None) if expected is None else (expected in got)
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(verdict, [t for t, _ in order] * 20))
+    assert [g is None for g in got] == [e is None for _, e in order] * 20
+
+
 class CountingProbe:
     """A probe whose lm_head is an identity over a tiny vocabulary, counting its calls."""
 
