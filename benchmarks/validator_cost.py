@@ -17,10 +17,13 @@ extraction client's request loop does when it is busy, once at Python's switch i
 (5 ms) and once at the client's (extract.client.SWITCH_INTERVAL_S); the busy thread's loops a
 second show what the shorter interval costs it.
 
-With --fresh-buffers the pool runs --rounds rounds (order reversed every round) with the
-validator's per-thread scratch buffer for the bit checks and with a fresh tensor a sample
-instead (verify._masked), and reports the medians and min-max of wall time, page faults and
-system CPU a sample: fresh memory is page-faulted and zeroed by the kernel.
+With --copying the pool runs --rounds rounds (order reversed every round) of the validator
+as it is (each thread reads into a buffer it keeps, the tensors are views of those bytes, the
+bit checks write into a buffer it keeps) and as it was (a fresh bytes object a sample,
+safetensors' load, which copies every tensor while holding the interpreter lock, a fresh mask
+tensor), each beside a busy Python thread at the client's switch interval, and reports the
+medians and min-max of wall time, page faults and system CPU a sample and of the busy thread's
+loops a second (how much of the lock the validator leaves the request loop).
 """
 
 from __future__ import annotations
@@ -90,11 +93,14 @@ def measure(hidden: int, tokens: int, layers: int, samples: int, threads: int) -
     }
 
 
-def beside_busy_thread(hidden: int, tokens: int, layers: int, samples: int, threads: int):
-    """:func:`measure` beside a pure-Python loop, at each switch interval."""
+def beside_busy_thread(
+    hidden: int, tokens: int, layers: int, samples: int, threads: int, intervals=None
+):
+    """:func:`measure` beside a pure-Python loop, at each switch interval (default: Python's
+    and the extraction client's)."""
     runs = []
     default = sys.getswitchinterval()
-    for interval in (default, SWITCH_INTERVAL_S):
+    for interval in intervals or (default, SWITCH_INTERVAL_S):
         stop, loops = threading.Event(), [0]
 
         def busy(stop=stop, loops=loops):
@@ -117,24 +123,37 @@ def beside_busy_thread(hidden: int, tokens: int, layers: int, samples: int, thre
     return runs
 
 
-def fresh_against_scratch(hidden, tokens, layers, samples, threads, rounds) -> dict:
-    """:func:`measure` with the scratch buffer and with a fresh tensor a sample, alternating."""
-    from eagle3_pipeline import verify
+def current_against_copying(hidden, tokens, layers, samples, threads, rounds) -> dict:
+    """:func:`beside_busy_thread` at the client's interval, the validator as it is and as it
+    was (copying reads, parse and mask), alternating."""
+    from safetensors.torch import load
 
-    scratch = verify._masked
+    from eagle3_pipeline import shards, verify
+    from eagle3_pipeline.extract import validator
 
-    def fresh(bits, mask):
-        return bits & mask
-
-    runs: dict[str, list] = {"scratch": [], "fresh": []}
+    current = (validator.read_into_thread_buffer, shards.tensors_from_bytes, verify._masked)
+    copying = (lambda path: Path(path).read_bytes(), load, lambda bits, mask: bits & mask)
+    runs: dict[str, list] = {"current": [], "copying": []}
     for r in range(rounds):
-        for name in ("scratch", "fresh") if r % 2 == 0 else ("fresh", "scratch"):
-            verify._masked = scratch if name == "scratch" else fresh
+        for name in ("current", "copying") if r % 2 == 0 else ("copying", "current"):
+            fns = current if name == "current" else copying
+            validator.read_into_thread_buffer, shards.tensors_from_bytes, verify._masked = fns
             try:
-                runs[name].append(measure(hidden, tokens, layers, samples, threads))
+                runs[name].append(
+                    beside_busy_thread(
+                        hidden, tokens, layers, samples, threads, [SWITCH_INTERVAL_S]
+                    )[0]
+                )
             finally:
-                verify._masked = scratch
-    keys = ("wall_ms_per_sample", "page_faults_per_sample", "system_cpu_ms_per_sample")
+                validator.read_into_thread_buffer, shards.tensors_from_bytes, verify._masked = (
+                    current
+                )
+    keys = (
+        "wall_ms_per_sample",
+        "page_faults_per_sample",
+        "system_cpu_ms_per_sample",
+        "busy_loops_per_s",
+    )
     return {
         "rounds": runs,
         "summary": {
@@ -156,27 +175,27 @@ def main() -> None:
         "interval and at the extraction client's",
     )
     ap.add_argument(
-        "--fresh-buffers",
+        "--copying",
         action="store_true",
-        help="compare the bit checks' per-thread scratch buffer with a fresh tensor a sample",
+        help="compare the validator with its copying predecessor, beside a busy thread",
     )
-    ap.add_argument("--rounds", type=int, default=3, help="with --fresh-buffers (>= 3)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --copying (>= 3)")
     ap.add_argument("--out")
     args = ap.parse_args()
-    if args.fresh_buffers and args.rounds < 3:
+    if args.copying and args.rounds < 3:
         ap.error("--rounds: at least 3 (a spread needs them)")
     torch.set_num_threads(1)  # as the extraction client sets it for its validator threads
     result = {"args": vars(args), "shapes": {}}
     for name, hidden in WIDTHS.items():
         measure(hidden, args.tokens, args.layers, 20, 1)  # warm-up
-        if args.fresh_buffers:
-            ab = fresh_against_scratch(
+        if args.copying:
+            ab = current_against_copying(
                 hidden, args.tokens, args.layers, args.samples, args.threads, args.rounds
             )
             result["shapes"][name] = {"hidden_size": hidden, **ab}
             for variant, figures in ab["summary"].items():
                 print(
-                    f"{name}: {args.threads} thread(s), {variant} buffers: "
+                    f"{name}: {args.threads} thread(s), {variant}: "
                     + ", ".join(
                         f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
                         for k, v in figures.items()

@@ -48,6 +48,22 @@ CATEGORIES = [
 ]
 
 
+# What the validator threads held the lock for, by the call under take_sample (first match)
+VALIDATOR_PARTS = [
+    ("parse: safetensors' load (copies)", "load (safetensors"),
+    ("parse: views of the bytes", "tensors_from_bytes"),
+    ("read", "read_bytes"),
+    ("read", "read_into_thread_buffer"),
+    ("bit checks", "check_stored"),
+    ("probe rows", "final_rows"),
+    ("hash", "sha256"),
+]
+
+
+def validator_part(stack: str) -> str:
+    return next((name for name, mark in VALIDATOR_PARTS if mark in stack), "the rest")
+
+
 def categorize(stack: str) -> str:
     for name, marks in CATEGORIES:
         if all(m in stack for m in marks):
@@ -72,10 +88,13 @@ def summarize(
     opener = lzma.open if raw.suffix == ".xz" else open
     with opener(raw, "rt", errors="replace") as f:
         lines = f.read().splitlines()
+    validator: Counter[str] = Counter()
     for line in lines:
         stack, _, n = line.rpartition(" ")
         if n.isdigit():
             counts[categorize(stack)] += int(n)
+            if categorize(stack).startswith("validator threads"):
+                validator[validator_part(stack)] += int(n)
 
     def per(k: str) -> int:
         if k.startswith(SHARED):
@@ -92,6 +111,9 @@ def summarize(
         "samples": dict(counts.most_common()),
         "lock_ms_per_request": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
         "request_lock_ms": {"typed route": typed, "plain JSON": ms.get("plain JSON request", 0)},
+        "validator_lock_ms_per_sample": {
+            k: 1e3 * v / rate / requests / extraction_variants for k, v in validator.most_common()
+        },
     }
 
 
@@ -103,11 +125,14 @@ def main() -> None:
         "--raw", help="summarize this py-spy raw profile (.xz too) instead of recording one"
     )
     ap.add_argument("--keep-raw", help="with a recording: keep its raw profile here (xz)")
+    ap.add_argument(
+        "--recording-s", type=float, help="with --raw: how long that recording ran (seconds)"
+    )
     ap.add_argument("--out")
     ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- extract_throughput args")
     args = ap.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
-    recording_s = None
+    recording_s = args.recording_s
     if args.raw:
         raw = Path(args.raw)
     else:
@@ -145,6 +170,8 @@ def main() -> None:
     }
     for name, ms in result["lock_ms_per_request"].items():
         print(f"{ms:7.2f} ms a request  {name}")
+    for name, ms in result["validator_lock_ms_per_sample"].items():
+        print(f"{ms:7.2f} ms a sample   validator: {name}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

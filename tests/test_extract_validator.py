@@ -191,3 +191,57 @@ def test_take_sample_rejects_a_corrupted_file_and_keeps_it_out_of_the_shards(tmp
             str(staged), 0, row, L, H, 64, tmp_path / "hs", 4, validator.Timings()
         )
     assert not (tmp_path / "hs").exists()
+
+
+def test_sample_bytes_parse_as_safetensors_loads_them_without_copies():
+    """shards.tensors_from_bytes gives the tensors safetensors' load gives, as views of the
+    bytes (no copy while holding the interpreter lock)."""
+    from safetensors.torch import load, save
+
+    for t in (sample("bf16"), sample("fp8"), {"x": torch.zeros(0, 3), "y": torch.ones(2)}):
+        data = bytearray(save(t))
+        got, want = shards.tensors_from_bytes(data), load(bytes(data))
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape
+            assert torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8))
+    data = bytearray(save(sample("bf16")))
+    hidden = shards.tensors_from_bytes(data)["hidden_states"]
+    assert hidden.view(torch.int16).any()
+    data[:] = bytes(len(data))  # a view: the tensor sees its bytes change
+    assert not hidden.view(torch.int16).any()
+    # a dtype it does not list goes through safetensors' own load
+    flags = shards.tensors_from_bytes(bytearray(save({"m": torch.tensor([True, False])})))
+    assert flags["m"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header", "offsets", "short"])
+def test_a_malformed_sample_file_is_an_error_not_a_sample(damage):
+    import json as json_lib
+
+    from safetensors.torch import save
+
+    data = bytearray(save(sample("bf16")))
+    n = int.from_bytes(data[:8], "little")
+    header = json_lib.loads(bytes(data[8 : 8 + n]))
+    if damage == "truncated":
+        data = data[: len(data) - 100]
+    elif damage == "header":
+        data[9] = ord("!")
+    elif damage == "offsets":  # hidden_states claims one element fewer than its shape
+        header["hidden_states"]["data_offsets"][1] -= 2
+        raw = json_lib.dumps(header).encode().ljust(n)
+        data[8 : 8 + n] = raw[:n]
+    elif damage == "short":
+        data = data[:5]
+    with pytest.raises(ValueError):
+        shards.tensors_from_bytes(data)
+
+
+def test_a_thread_reads_each_file_into_its_buffer_exactly(tmp_path):
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(bytes(range(256)) * 64)
+    small.write_bytes(b"abc")
+    assert bytes(validator.read_into_thread_buffer(str(big))) == big.read_bytes()
+    view = validator.read_into_thread_buffer(str(small))
+    assert bytes(view) == b"abc" and len(view) == 3

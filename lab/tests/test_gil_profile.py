@@ -21,7 +21,9 @@ LINES = [
     f"{ROOT};{ONE};typed_request (x.py:3);_transform (openai/_utils/_transform.py:9) 70",
     f"{ROOT};{ONE};typed_request (x.py:3);post (openai/_base_client.py:9) 30",
     # a validator thread, per sample of every extraction variant
-    "process 1:python;Thread validate-0;take_sample (eagle3_pipeline/extract/validator.py:5) 60",
+    "process 1:python;Thread validate-0;take_sample (eagle3_pipeline/extract/validator.py:5) 20",
+    "process 1:python;Thread validate-0;take_sample (eagle3_pipeline/extract/validator.py:5);"
+    "load (safetensors/torch.py:386) 40",
     # aiohttp's callbacks from the event loop: every client's responses
     f"{ROOT};_run_once (asyncio/base_events.py:1);data_received (aiohttp/client_proto.py:5) 80",
     # imports, once
@@ -45,3 +47,8 @@ def test_samples_are_sorted_by_what_held_the_lock_and_shared_costs_are_split(tmp
     assert out["samples"]["start-up and other"] == 999
     assert "start-up and other" not in ms
     assert out["request_lock_ms"] == {"typed route": 100.0, "plain JSON": 40.0}
+    # and what the validator held it for, per sample of every extraction variant
+    assert out["validator_lock_ms_per_sample"] == {
+        "parse: safetensors' load (copies)": 20.0,
+        "the rest": 10.0,
+    }
