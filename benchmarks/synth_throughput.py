@@ -36,7 +36,7 @@ from eagle3_pipeline.server import Endpoint, VllmServer
 from eagle3_pipeline.serving import spec_from_config
 
 REPO = Path(__file__).resolve().parents[1]
-# the pipeline's client variants and their HTTP transports (eagle3_pipeline.client.TRANSPORTS)
+# the pipeline's client variants and their HTTP transports (eagle3_pipeline.client.async_client)
 TRANSPORT_OF = {"pipeline": "aiohttp", "pipeline_httpx": "httpx"}
 
 

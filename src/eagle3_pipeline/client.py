@@ -34,11 +34,6 @@ def _options(base_url: str, http_client_class, api_key, timeout, max_retries) ->
     }
 
 
-# The async client's HTTP transports: aiohttp (the default) and openai's own httpx one, which
-# the throughput benchmarks measure beside it.
-TRANSPORTS = ("aiohttp", "httpx")
-
-
 def async_client(
     base_url: str,
     *,
@@ -48,7 +43,8 @@ def async_client(
     transport: str = "aiohttp",
 ) -> Any:
     """An ``openai.AsyncOpenAI`` for ``base_url`` (ending in ``/v1``), its requests sent
-    through ``transport`` (one of :data:`TRANSPORTS`)."""
+    through ``transport``: "aiohttp", or "httpx" (the openai client's default, which the
+    throughput benchmarks measure beside it)."""
     import openai
 
     http_client_class = {

@@ -13,6 +13,7 @@ Sample i lives in shard i // samples_per_shard, which keeps directories small. E
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 MANIFEST_FORMAT = "eagle3-pipeline/hidden-states@1"
@@ -41,6 +42,20 @@ def dequantize(tensors: dict, device=None):
     if SCALES_KEY in tensors:
         return hidden.float() * tensors[SCALES_KEY].to(hidden.device).float()
     return hidden
+
+
+_thread_buffers = threading.local()
+
+
+def thread_buffer(name: str, nbytes: int) -> memoryview:
+    """``nbytes`` of a buffer the calling thread keeps under ``name``, grown when too small:
+    a fresh buffer the size of a sample is fresh memory, page-faulted and zeroed by the kernel
+    for every sample. What was in it is overwritten by the thread's next use."""
+    buf = getattr(_thread_buffers, name, None)
+    if buf is None or len(buf) < nbytes:
+        buf = bytearray(nbytes)
+        setattr(_thread_buffers, name, buf)
+    return memoryview(buf)[:nbytes]
 
 
 # safetensors dtype names -> torch dtype names, for the tensors a sample file holds

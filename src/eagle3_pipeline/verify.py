@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -64,20 +63,16 @@ _BITS = {
 }
 
 
-_scratch = threading.local()
-
-
 def _masked(bits, mask: int):
-    """``bits & mask`` written into a buffer this thread keeps: a fresh tensor the size of a
-    sample is fresh memory, page-faulted and zeroed by the kernel for every sample (at the 8B
-    width, 6 MB a sample in each of the extraction client's validator threads)."""
+    """``bits & mask``, written into a buffer this thread keeps (:func:`shards.thread_buffer`):
+    at the 8B width a sample is 6 MB, in each of the extraction client's validator threads."""
     import torch
 
-    n = bits.numel()
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.dtype != bits.dtype or buf.numel() < n:
-        buf = _scratch.buf = torch.empty(n, dtype=bits.dtype)
-    return torch.bitwise_and(bits, mask, out=buf[:n].view(bits.shape))
+    from .shards import thread_buffer
+
+    out = thread_buffer("mask", bits.numel() * bits.element_size())
+    out = torch.frombuffer(out, dtype=bits.dtype).view(bits.shape)
+    return torch.bitwise_and(bits, mask, out=out)
 
 
 def check_stored(

@@ -102,19 +102,12 @@ def take_sample(
     return Checked(entry, rows, [ids[p + 1] for p in positions])
 
 
-_buffers = threading.local()
-
-
 def read_into_thread_buffer(path: str) -> memoryview:
-    """The file's bytes, in a buffer the calling thread keeps for its next file: a fresh
-    buffer the size of a sample is fresh memory, page-faulted and zeroed by the kernel for
-    every sample. Valid until this thread reads its next file."""
+    """The file's bytes, in a buffer the calling thread keeps (:func:`shards.thread_buffer`),
+    valid until this thread reads its next file."""
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        buf = getattr(_buffers, "buf", None)
-        if buf is None or len(buf) < size:
-            buf = _buffers.buf = bytearray(size)
-        view = memoryview(buf)[:size]
+        view = shards.thread_buffer("read", size)
         done = 0
         while done < size:
             got = f.readinto(view[done:])
