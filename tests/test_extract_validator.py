@@ -106,6 +106,8 @@ def test_the_reused_scratch_buffer_never_mixes_samples():
             return str(e)
         return None
 
+    empty = torch.empty(0, L, H, dtype=torch.int16)  # no tokens: no buffer, the same answer
+    assert verify._masked(empty, 0x7FFF).shape == empty.shape
     for t, expected in order:
         got = verdict(t)
         assert (got is None) if expected is None else (expected in got)
@@ -215,7 +217,7 @@ def test_sample_bytes_parse_as_safetensors_loads_them_without_copies():
     assert flags["m"].tolist() == [True, False]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "header", "offsets", "short"])
+@pytest.mark.parametrize("damage", ["truncated", "header", "offsets", "fields", "short"])
 def test_a_malformed_sample_file_is_an_error_not_a_sample(damage):
     import json as json_lib
 
@@ -232,6 +234,9 @@ def test_a_malformed_sample_file_is_an_error_not_a_sample(damage):
         header["hidden_states"]["data_offsets"][1] -= 2
         raw = json_lib.dumps(header).encode().ljust(n)
         data[8 : 8 + n] = raw[:n]
+    elif damage == "fields":  # a tensor entry without its offsets
+        del header["token_ids"]["data_offsets"]
+        data[8 : 8 + n] = json_lib.dumps(header).encode().ljust(n)
     elif damage == "short":
         data = data[:5]
     with pytest.raises(ValueError):

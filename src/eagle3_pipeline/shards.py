@@ -95,11 +95,14 @@ def tensors_from_bytes(data) -> dict:
         header = json.loads(bytes(view[8 : 8 + n]))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"safetensors header does not parse: {e}") from e
+    if not isinstance(header, dict):
+        raise ValueError("safetensors header is not a mapping")
     header.pop("__metadata__", None)
     body = len(view) - 8 - n
-    if not isinstance(header, dict) or any(
-        not isinstance(v, dict) or v.get("dtype") not in _DTYPES for v in header.values()
-    ):
+    fields = {"dtype", "shape", "data_offsets"}
+    if any(not isinstance(v, dict) or not fields <= v.keys() for v in header.values()):
+        raise ValueError("safetensors header: a tensor without dtype, shape or data_offsets")
+    if any(v["dtype"] not in _DTYPES for v in header.values()):
         from safetensors.torch import load
 
         return load(bytes(view))
@@ -107,7 +110,7 @@ def tensors_from_bytes(data) -> dict:
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         (begin, stop), shape = info["data_offsets"], info["shape"]
         dtype = getattr(torch, _DTYPES[info["dtype"]])
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         if begin != end or stop < begin or stop > body or stop - begin != math.prod(shape) * size:
             raise ValueError(f"safetensors tensor {name!r}: offsets {begin}-{stop} do not fit")
         end = stop

@@ -70,6 +70,8 @@ def _masked(bits, mask: int):
 
     from .shards import thread_buffer
 
+    if not bits.numel():  # a buffer of no bytes cannot hold a tensor
+        return bits & mask
     out = thread_buffer("mask", bits.numel() * bits.element_size())
     out = torch.frombuffer(out, dtype=bits.dtype).view(bits.shape)
     return torch.bitwise_and(bits, mask, out=out)
