@@ -58,7 +58,7 @@ from eagle3_pipeline.bench.measure import (
 from eagle3_pipeline.bench.rounds import refuse_shared_gpu
 from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
 from eagle3_pipeline.bench.verdict import spread_text
-from eagle3_pipeline.fileio import iter_jsonl
+from eagle3_pipeline.fileio import iter_jsonl, write_json
 from eagle3_pipeline.provenance import code_version
 from eagle3_pipeline.provenance import package_versions as versions
 from eagle3_pipeline.runtime import for_each, setup_logging
@@ -95,7 +95,7 @@ def write_result(path, **fields) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", *sys.argv])
     record = {"command": command, **fields, "code": code_version(), "versions": versions()}
-    Path(path).write_text(json.dumps(record, indent=2) + "\n")
+    write_json(path, record)
 
 
 def chat_all(server, rows, temperature, max_tokens, concurrency, **fields) -> list[dict]:
@@ -237,20 +237,22 @@ def main() -> None:
             bench_cfg, cfg["vllm"], tgt, None, what, log_dir / "drafter-tau-baseline.log", True
         )
     try:
-        for item in args.drafter:
+        for n, item in enumerate(args.drafter, 1):
             results += measure_drafter(item, bench_cfg, cfg["vllm"], tgt, sets, baseline, rounds)
+            if args.out:  # after each drafter: a host that runs out of time keeps the others
+                write_result(
+                    args.out,
+                    results=results,
+                    drafters_measured=args.drafter[:n],
+                    complete=n == len(args.drafter),
+                    rounds=rounds if args.speed else 1,
+                    surroundings_before=before,
+                    bench=bench_cfg,
+                    vllm=cfg["vllm"],
+                )
     finally:
         if baseline is not None:
             baseline.stop()
-    if args.out:
-        write_result(
-            args.out,
-            results=results,
-            rounds=rounds if args.speed else 1,
-            surroundings_before=before,
-            bench=bench_cfg,
-            vllm=cfg["vllm"],
-        )
 
 
 if __name__ == "__main__":

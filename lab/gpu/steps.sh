@@ -77,13 +77,23 @@ m_speed() {  # its server starts yield the CPUs to the trainings (nice); measure
 # A methods run's drafters timed against one baseline in the bench stage's alternating rounds,
 # alone on the GPU (after its trainings): EAGLE-3 at k = 3 and DFlash at block 8, k = 7
 # (lab/configs/gpu_methods_rounds.yaml), MT-Bench and the run's held-out set at concurrency 1
-# and 8, 96 tokens, 3 rounds (config/gpu.yaml).
+# and 8, 96 tokens, 3 rounds (config/gpu.yaml), EAGLE-3's figures written before DFlash's servers
+# start. M_ROUNDS_DRAFTERS picks some (e.g. "dflash:7=dflash_b8"). A drafter copied off an
+# earlier host (collect --drafters RUN:NAME --slim, its parts copied to $W/drafters before
+# start) is put back from the run's target, made here; the held-out set is then the committed
+# run's (benchmarks/results/gpu_runs/RUN/prompts).
 m_rounds() {
+  local x d=() heldout=$R/prompts/bench_heldout.jsonl
+  [ -f "$R/target/target.json" ] || smk m1 "${M[@]}" --until target || return
+  [ -f "$heldout" ] || heldout=benchmarks/results/gpu_runs/${R#results/}/prompts/bench_heldout.jsonl
+  for x in ${M_ROUNDS_DRAFTERS:-eagle3:3=eagle3 dflash:7=dflash_b8}; do
+    unpack_drafter "$R" "${x#*=}" "$R/target/model" || return
+    d+=(--drafter "${x%%=*}=$R/drafter/${x#*=}")
+  done
   python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
-    --target-json $R/target/target.json \
-    --drafter "eagle3:3=$R/drafter/eagle3" --drafter "dflash:7=$R/drafter/dflash_b8" \
-    --mtbench 80 --heldout $R/prompts/bench_heldout.jsonl --concurrency 1 8 --max-tokens 96 \
-    --out "$W/bench/h200_methods_speed_rounds.json"
+    --target-json $R/target/target.json "${d[@]}" \
+    --mtbench 80 --heldout "$heldout" --concurrency 1 8 --max-tokens 96 \
+    --out "$W/bench/h200_methods_speed_rounds${M_ROUNDS_TAG:-}.json"
 }
 # Engine efficiency, each benchmark alone on the GPU (both refuse a GPU that another process
 # uses), in 3 alternating rounds of 15-30 s each: synth on 1,536 packaged prompts, extraction on
@@ -172,12 +182,13 @@ q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
 # while the other lane's server allocates.
 Q1=results/gpu-quality-t1
 Q0_DRAFTER=results/gpu-quality/drafter/eagle3
-unpack_q0() {  # unpack_q0 TARGET_MODEL_DIR: the greedy-data drafter carried in $W/drafters
-  local parts=("$W"/drafters/gpu-quality-drafters-eagle3.tar.part*)
-  [ -f "$Q0_DRAFTER/model.safetensors" ] && return
-  [ -f "${parts[0]}" ] || { echo "no drafter parts in $W/drafters" >&2; return 1; }
-  python3 lab/gpu/unpack_drafters.py --into . --target-model "$1" "${parts[@]}"
+unpack_drafter() {  # unpack_drafter RUN_DIR NAME TARGET_MODEL_DIR: one carried in $W/drafters
+  local parts=("$W/drafters/${1#results/}-drafters-$2.tar.part"*)
+  [ -f "$1/drafter/$2/model.safetensors" ] && return
+  [ -f "${parts[0]}" ] || { echo "no $1/drafter/$2 here and no parts of it in $W/drafters" >&2; return 1; }
+  python3 lab/gpu/unpack_drafters.py --into . --target-model "$3" "${parts[@]}"
 }
+unpack_q0() { unpack_drafter results/gpu-quality eagle3 "$1"; }  # unpack_q0 TARGET_MODEL_DIR
 q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...
   local out=$1 d=() x; shift
   for x in "$@"; do [ -f "$x/model.safetensors" ] && d+=(--drafter "eagle3:3=$x"); done

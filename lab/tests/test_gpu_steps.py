@@ -279,16 +279,64 @@ def test_the_methods_rounds_run_trains_eagle3_and_block_8_only(
     assert not {j for j in jobs if j.startswith("bench")}, sorted(jobs)
 
 
-def test_the_rounds_step_times_both_drafters_against_one_baseline(host_copy, tmp_path):
-    """m_rounds hands both drafters of the run, each at its k, to one drafter_tau --speed."""
+def echo_python(tmp_path: Path) -> dict:
+    """PATH with a python3 that prints its arguments, one call a line."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python3").write_text('#!/bin/sh\necho "$@"\n')
     (stub / "python3").chmod(0o755)
-    env = {**ROUNDS, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
-    args = call_step(host_copy, tmp_path, "m_rounds", env).split()
-    assert args[:2] == ["lab/drafter_tau.py", "--configfile"] and "--speed" in args
+    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_the_rounds_step_times_both_drafters_against_one_baseline(host_copy, tmp_path):
+    """m_rounds hands both drafters of the run, each at its k, to one drafter_tau --speed."""
     run = "results/gpu-methods-rounds"
+    made = [host_copy / run / f for f in ("target/target.json", "prompts/bench_heldout.jsonl")]
+    made += [host_copy / run / "drafter" / d / "model.safetensors" for d in ("eagle3", "dflash_b8")]
+    try:
+        for f in made:  # trained on this host
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text("")
+        out = call_step(host_copy, tmp_path, "m_rounds", {**ROUNDS, **echo_python(tmp_path)})
+    finally:
+        shutil.rmtree(host_copy / run)
+    (call,) = out.splitlines()  # no target made, no drafter unpacked
+    args = call.split()
+    assert args[:2] == ["lab/drafter_tau.py", "--configfile"] and "--speed" in args
     drafters = [args[i + 1] for i, a in enumerate(args) if a == "--drafter"]
     assert drafters == [f"eagle3:3={run}/drafter/eagle3", f"dflash:7={run}/drafter/dflash_b8"]
     assert args[args.index("--heldout") + 1] == f"{run}/prompts/bench_heldout.jsonl"
+
+
+def test_the_rounds_step_puts_a_carried_drafter_back_first(host_copy, tmp_path):
+    """On a later host: the run's target made, the carried drafter's parts unpacked onto it,
+    the held-out set the committed run's; a drafter neither here nor carried stops the step."""
+    env = {**ROUNDS, **echo_python(tmp_path), "M_ROUNDS_DRAFTERS": "dflash:7=dflash_b8"}
+    parts = tmp_path / "drafters"
+    parts.mkdir()
+    (parts / "gpu-methods-rounds-drafters-dflash_b8.tar.part00").write_text("")
+    calls = call_step(host_copy, tmp_path, "m_rounds", env).splitlines()
+    assert calls[0].startswith("-m snakemake") and "--until target" in calls[0]
+    run = "results/gpu-methods-rounds"
+    unpack = calls[1].split()
+    assert unpack[:3] == ["lab/gpu/unpack_drafters.py", "--into", "."]
+    assert unpack[3:5] == ["--target-model", f"{run}/target/model"]
+    assert unpack[5:] == [str(parts / "gpu-methods-rounds-drafters-dflash_b8.tar.part00")]
+    args = calls[2].split()
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--drafter"] == [
+        f"dflash:7={run}/drafter/dflash_b8"
+    ]
+    committed = "benchmarks/results/gpu_runs/gpu-methods-rounds/prompts/bench_heldout.jsonl"
+    assert args[args.index("--heldout") + 1] == committed
+
+    env["M_ROUNDS_DRAFTERS"] = "eagle3:3=eagle3"  # neither trained here nor carried
+    proc = subprocess.run(
+        ["bash", "-c", "source lab/gpu/steps.sh && m_rounds"],
+        cwd=host_copy,
+        env={**os.environ, "W": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "no parts of it" in proc.stderr
+    assert "drafter_tau" not in proc.stdout
