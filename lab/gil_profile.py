@@ -117,6 +117,23 @@ def summarize(
     }
 
 
+# the extraction benchmark's figures a profile keeps: what the profiled run measured
+BENCH_FIGURES = ("ratio", "ratio_per_round", "capture_ratio", "median", "spread", "tokens")
+
+
+def drop_option(argv: list[str], name: str) -> list[str]:
+    """``argv`` without ``name VALUE`` (or ``name=VALUE``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
@@ -133,17 +150,29 @@ def main() -> None:
     args = ap.parse_args()
     bench_args = [a for a in args.bench_args if a != "--"]
     recording_s = args.recording_s
+    measured = None
     if args.raw:
         raw = Path(args.raw)
     else:
-        raw = Path(tempfile.mkdtemp()) / "gil.txt"
-        bench = [sys.executable, str(REPO / "benchmarks" / "extract_throughput.py"), *bench_args]
+        tmp = Path(tempfile.mkdtemp())
+        raw = tmp / "gil.txt"
+        # the benchmark's own result: proof that it finished (py-spy exits 0 whatever the
+        # process it records does), and the ratios of the run the profile is of
+        bench_out = tmp / "bench.json"
+        bench = [sys.executable, str(REPO / "benchmarks" / "extract_throughput.py")]
+        bench += [*drop_option(bench_args, "--out"), "--out", str(bench_out)]
         record = [args.py_spy, "record", "--gil", "--nonblocking", "--format", "raw"]
         t0 = time.monotonic()
         subprocess.run(
             [*record, "--rate", str(args.rate), "-o", str(raw), "--", *bench], check=True
         )
         recording_s = time.monotonic() - t0
+        if not bench_out.exists():
+            sys.exit(
+                "the benchmark under py-spy wrote no result: it failed (its output above says "
+                "why), so there is no profile of a measurement to summarize"
+            )
+        measured = json.loads(bench_out.read_text())
         if args.keep_raw:
             Path(args.keep_raw).write_bytes(lzma.compress(raw.read_bytes()))
     bench = argparse.ArgumentParser(add_help=False)
@@ -168,6 +197,8 @@ def main() -> None:
         "lock_held_share": held_s / recording_s if recording_s else None,
         **summary,
     }
+    if measured is not None:
+        result["benchmark"] = {k: measured.get(k) for k in BENCH_FIGURES}
     for name, ms in result["lock_ms_per_request"].items():
         print(f"{ms:7.2f} ms a request  {name}")
     for name, ms in result["validator_lock_ms_per_sample"].items():

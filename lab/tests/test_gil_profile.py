@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -52,3 +53,53 @@ def test_samples_are_sorted_by_what_held_the_lock_and_shared_costs_are_split(tmp
         "parse: safetensors' load (copies)": 20.0,
         "the rest": 10.0,
     }
+
+
+FAKE_PY_SPY = """#!{python}
+# py-spy record ... -o RAW -- BENCH...: writes the raw profile; with RESULT set, also the
+# benchmark's --out (as a benchmark that finished would); exits 0 either way, as py-spy does
+import json, os, sys
+argv = sys.argv
+raw = argv[argv.index("-o") + 1]
+bench = argv[argv.index("--") + 1 :]
+open(raw, "w").write({lines!r})
+if os.environ.get("RESULT"):
+    out = bench[bench.index("--out") + 1]
+    json.dump({{"ratio": 0.79, "capture_ratio": 0.84, "tokens": 197452}}, open(out, "w"))
+"""
+
+
+def run_profile(tmp_path, env_result: bool):
+    import os
+    import subprocess
+
+    fake = tmp_path / "py-spy"
+    fake.write_text(FAKE_PY_SPY.format(python=sys.executable, lines="\n".join(LINES) + "\n"))
+    fake.chmod(0o755)
+    out = tmp_path / "gil.json"
+    env = {**os.environ, "RESULT": "1" if env_result else ""}
+    cmd = [sys.executable, str(LAB / "gil_profile.py"), "--py-spy", str(fake)]
+    cmd += ["--out", str(out), "--", "--rows", "10", "--out", str(tmp_path / "mine.json")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60), out
+
+
+def test_a_benchmark_that_wrote_no_result_gives_no_profile(tmp_path):
+    """py-spy exits 0 whatever the recorded process did: a benchmark that failed (it writes
+    no result) must not pass for a profile of a measurement."""
+    proc, out = run_profile(tmp_path, env_result=False)
+    assert proc.returncode != 0 and "wrote no result" in proc.stderr
+    assert not out.exists()
+
+
+def test_a_profile_keeps_the_figures_of_the_run_it_recorded(tmp_path):
+    proc, out = run_profile(tmp_path, env_result=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["benchmark"]["ratio"] == 0.79 and result["benchmark"]["tokens"] == 197452
+    assert result["lock_ms_per_request"]["plain JSON request"] > 0
+    assert not (tmp_path / "mine.json").exists()  # its own --out replaced by the profile's
+
+
+def test_drop_option_removes_a_flag_and_its_value():
+    argv = ["--rows", "8", "--out", "x.json", "--out=y.json", "--rounds", "3"]
+    assert gil_profile.drop_option(argv, "--out") == ["--rows", "8", "--rounds", "3"]
