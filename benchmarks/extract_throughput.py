@@ -14,7 +14,9 @@ stage's client at Python's own switch interval instead of the client's shorter o
 also (e), the client sending its rows through the openai client's typed completions route
 (speculators' generate_hidden_states_async) instead of as plain JSON; with --httpx-transport
 also (f), the client over the openai client's default httpx transport instead of aiohttp
-(eagle3_pipeline.client.async_client). Every client here sends plain JSON through aiohttp
+(eagle3_pipeline.client.async_client); with --validator-wait also (g), the client with a
+validator thread waiting for the server to finish writing each sample instead of a waiting
+thread of its own. Every client here sends plain JSON through aiohttp
 otherwise (eagle3_pipeline.client.completion). Both servers are up
 together and every round runs every variant, the order reversed every round
 (eagle3_pipeline.bench.rounds; at least 3 rounds). Prefix caching is off so repeated rounds
@@ -179,6 +181,12 @@ def main() -> None:
         action="store_true",
         help="also run (f): the extraction client over httpx instead of aiohttp",
     )
+    ap.add_argument(
+        "--validator-wait",
+        action="store_true",
+        help="also run (g): the extraction client with its validator threads waiting for the "
+        "server's writes",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.rounds < 3:
@@ -291,6 +299,10 @@ def main() -> None:
                 variants["extract_httpx"] = lambda: timed(
                     lambda: full(cap, list(range(args.rows)), transport="httpx")
                 )
+            if args.validator_wait:
+                variants["extract_validator_wait"] = lambda: timed(
+                    lambda: full(cap, list(range(args.rows)), wait_in_validator=True)
+                )
             result = rounds_lib.alternate(variants, args.rounds, [bare_server, cap])
     rates = {k: rounds_lib.figure(result, k, "tokens_per_s") for k in variants}
     cpu = {k: rounds_lib.figure(result, k, "client_cpu_s_per_sample") for k in rates}
@@ -338,6 +350,10 @@ def main() -> None:
     )
     typed_gain = gain_over("extract_typed", "on the typed route (the client's: plain JSON)")
     aiohttp_gain = gain_over("extract_httpx", "over httpx (the client's: aiohttp)")
+    wait_gain = gain_over(
+        "extract_validator_wait",
+        "with validator threads waiting for the writes (the client's: threads of their own)",
+    )
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -353,6 +369,7 @@ def main() -> None:
                     "switch_interval_gain": switch_gain,
                     "plain_json_gain": typed_gain,
                     "aiohttp_gain": aiohttp_gain,
+                    "separate_wait_gain": wait_gain,
                     "client_cpu_s_per_sample": cpu,
                     "client_cpu_s_per_sample_spread": cpu_spread,
                     "rounds": result["rounds"],

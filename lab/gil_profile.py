@@ -38,6 +38,8 @@ CATEGORIES = [
     ("typed route: the rest", ("typed_request",)),
     ("plain JSON request", ("Extractor.run.<locals>.one",)),
     ("validator threads (read, parse, checks, hash, move)", ("take_sample",)),
+    # the threads that wait for the server's writes outside the validator pool
+    ("waiting for the server's writes", ("wait_written",)),
     ("probe", ("ProbeBatcher._probe",)),
     ("validate coroutine and journal", ("Extractor.run.<locals>.validate",)),
     ("bare-prefill client", ("bare_prefill",)),
@@ -72,7 +74,7 @@ def categorize(stack: str) -> str:
 
 
 # shared by every extraction variant of the run: per sample of all of them
-SHARED = ("validator threads", "probe", "validate coroutine")
+SHARED = ("validator threads", "waiting for the server's writes", "probe", "validate coroutine")
 # shared by every client of the run (bare prefill and capture only too): per request of all
 EVERY_CLIENT = ("HTTP transport callbacks",)
 
@@ -181,9 +183,11 @@ def main() -> None:
     bench.add_argument("--typed-requests", action="store_true")
     bench.add_argument("--python-switch-interval", action="store_true")
     bench.add_argument("--httpx-transport", action="store_true")
+    bench.add_argument("--validator-wait", action="store_true")
     known, _ = bench.parse_known_args(bench_args)
     requests = known.rows * known.rounds
     variants = 1 + known.typed_requests + known.python_switch_interval + known.httpx_transport
+    variants += known.validator_wait
     summary = summarize(raw, args.rate, requests, variants, clients=variants + 2)
     held_s = sum(summary["samples"].values()) / args.rate
     result = {

@@ -250,3 +250,94 @@ def test_a_thread_reads_each_file_into_its_buffer_exactly(tmp_path):
     assert bytes(validator.read_into_thread_buffer(str(big))) == big.read_bytes()
     view = validator.read_into_thread_buffer(str(small))
     assert bytes(view) == b"abc" and len(view) == 3
+
+
+def held_lock(staged) -> int:
+    """The connector's exclusive flock on ``staged.lock``, as it holds it while writing."""
+    import fcntl
+    import os
+
+    fd = os.open(f"{staged}.lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_waiting_for_the_writer_sleeps_until_it_releases_its_lock(tmp_path):
+    import os
+    import threading
+    import time
+
+    staged = tmp_path / "s.safetensors"
+    staged.write_bytes(b"")
+    fd = held_lock(staged)
+    timings = validator.Timings()
+    waiter = threading.Thread(target=validator.wait_written, args=(str(staged), timings))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()  # still writing
+    os.close(fd)  # the connector is done
+    waiter.join(10)
+    assert not waiter.is_alive() and not os.path.exists(f"{staged}.lock")
+    assert timings.seconds["wait_write"] >= 0.2
+
+
+@pytest.mark.parametrize("in_validator", [False, True])
+def test_the_client_waits_for_the_servers_writes_outside_its_validator_pool(
+    tmp_path, monkeypatch, in_validator
+):
+    """A validator thread sleeping on the writer's lock is one fewer checking samples: the
+    client waits in threads of its own (``wait_in_validator`` puts it back, for the
+    benchmark's comparison), and every sample still waits until it is written."""
+    import itertools
+    import os
+    import threading
+
+    from safetensors.torch import save
+
+    from eagle3_pipeline import config as cfglib
+    from eagle3_pipeline import extract
+    from eagle3_pipeline.extract import client as client_mod
+    from eagle3_pipeline.runtime import Progress
+
+    waited_in, real = [], validator.wait_written
+
+    def spy(staged, timings=None):
+        waited_in.append(threading.current_thread().name)
+        return real(staged, timings)
+
+    monkeypatch.setattr(validator, "wait_written", spy)
+    monkeypatch.setattr(client_mod, "wait_written", spy)
+    data, counter = save(sample("bf16", seed=1)), itertools.count()
+
+    async def request(client, model, input_ids, *, timeout, max_retries):
+        staged = tmp_path / f"staged{next(counter)}.safetensors"
+        fd = held_lock(staged)
+        staged.write_bytes(data[: len(data) // 2])  # half written when the answer comes
+        threading.Timer(0.1, lambda: (staged.write_bytes(data), os.close(fd))).start()
+        return str(staged)
+
+    class Probe:
+        def agreement_batch(self, samples):
+            return [len(targets) for _, targets in samples]
+
+    rows = [{"input_ids": list(range(T)), "loss_mask": [0] * 4 + [1] * (T - 4)}] * 3
+    book = extract.ShardBook(tmp_path / "hs", 4, range(3))
+    cfg = cfglib.validate({})["extract"]
+    ex = extract.Extractor(
+        rows,
+        book,
+        Probe(),
+        list(range(L)),
+        H,
+        cfg,
+        tmp_path,
+        request=request,
+        wait_in_validator=in_validator,
+    )
+    asyncio.run(ex.run("http://127.0.0.1:9", "m", [0, 1, 2], Progress(3, "x"), lambda: None))
+    book.close()
+    assert len(waited_in) == 3
+    assert all(n.startswith("validate" if in_validator else "wait") for n in waited_in), waited_in
+    positions = verify.probe_positions(rows[0]["input_ids"], rows[0]["loss_mask"], 64)
+    assert ex.checked == 3 * len(positions) and not ex.failures  # whole files checked
+    assert ex.timings["wait_write"] >= 0.05

@@ -135,6 +135,13 @@ eff_extract_8b_client() {
     --gpu-memory-utilization 0.4 --typed-requests --httpx-transport \
     --out "$W/bench/h200_extract_throughput_8b_client_rounds.json"
 }
+eff_extract_8b_wait() {  # the client against itself with its validator threads waiting for the
+  # server's writes (its own waiting threads moved 2.8 of 8 validator threads' time out of the pool)
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
+    $(eff_rows) --rows "${EFF_ROWS:-1536}" --concurrency 32 --rounds 3 \
+    --gpu-memory-utilization 0.4 --validator-wait \
+    --out "$W/bench/h200_extract_throughput_8b_wait_rounds.json"
+}
 eff_extract_client() {  # the 135M target, the same variants
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml $(eff_rows) \
     --rows 1536 --concurrency 32 --rounds 3 --typed-requests --httpx-transport \

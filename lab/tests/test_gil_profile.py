@@ -103,3 +103,14 @@ def test_a_profile_keeps_the_figures_of_the_run_it_recorded(tmp_path):
 def test_drop_option_removes_a_flag_and_its_value():
     argv = ["--rows", "8", "--out", "x.json", "--out=y.json", "--rounds", "3"]
     assert gil_profile.drop_option(argv, "--out") == ["--rows", "8", "--rounds", "3"]
+
+
+def test_waiting_threads_are_their_own_category_unless_a_validator_waits():
+    wait = "wait_written (eagle3_pipeline/extract/validator.py:60)"
+    take = "take_sample (eagle3_pipeline/extract/validator.py:90)"
+    assert gil_profile.categorize(f"process 1:python;Thread wait-0;{wait}") == (
+        "waiting for the server's writes"
+    )
+    assert gil_profile.categorize(f"process 1:python;Thread validate-0;{take};{wait}") == (
+        "validator threads (read, parse, checks, hash, move)"
+    )

@@ -20,7 +20,7 @@ from ..runtime import Progress, for_each
 from ..verify import NextTokenProbe, VerificationError
 from .book import ShardBook
 from .plan import ExtractError
-from .validator import ProbeBatcher, Timings, take_sample
+from .validator import ProbeBatcher, Timings, take_sample, wait_written
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +47,19 @@ class Extractor:
         switch_interval_s: float | None = SWITCH_INTERVAL_S,
         request=None,
         transport: str = "aiohttp",
+        wait_in_validator: bool = False,
     ):
         """``switch_interval_s``: the interpreter's switch interval while it runs (None:
         leave Python's); ``request``: how a row is sent (default
         :func:`request_hidden_states`); ``transport``: the HTTP client's
-        (:func:`client.async_client`). The benchmarks compare the alternatives."""
+        (:func:`client.async_client`); ``wait_in_validator``: a validator thread waits for
+        the server to finish writing a sample instead of a waiting thread of its own. The
+        benchmarks compare the alternatives."""
         self.ds, self.book, self.probe = dataset, book, probe
         self.switch_interval_s = switch_interval_s
         self.request = request or request_hidden_states
         self.transport = transport
+        self.wait_in_validator = wait_in_validator
         self.layer_ids, self.hidden, self.cfg, self.staging = layer_ids, hidden, cfg, staging
         self.hits = self.checked = 0
         self.failures: list[dict] = []
@@ -67,7 +71,7 @@ class Extractor:
         """Validator seconds per phase (all samples; threads overlap)."""
         return dict(self._timings.seconds)
 
-    def check(self, index: int, staged: str):
+    def check(self, index: int, staged: str, written: bool = False):
         """Check a staged sample and move it into its shard (runs in a worker thread)."""
         return take_sample(
             staged,
@@ -79,6 +83,7 @@ class Extractor:
             self.book.root,
             self.book.S,
             self._timings,
+            written,
         )
 
     async def run(
@@ -104,7 +109,10 @@ class Extractor:
         async def validate(index: int, staged: str) -> None:
             nonlocal failures_in_a_row
             try:
-                checked = await loop.run_in_executor(pool, self.check, index, staged)
+                if waiters is not None:
+                    await loop.run_in_executor(waiters, wait_written, staged, self._timings)
+                written = waiters is not None
+                checked = await loop.run_in_executor(pool, self.check, index, staged, written)
                 hits = await batcher.hits(checked.rows, checked.targets)
             except VerificationError as e:
                 raise ExtractError(
@@ -150,7 +158,10 @@ class Extractor:
             task.add_done_callback(validated)
 
         # A few validator threads with one torch thread each: more would oversubscribe the
-        # cores the server needs (on the CPU) without validating faster.
+        # cores the server needs (on the CPU) without validating faster. Waiting for the
+        # server to finish writing a sample takes no CPU but took a third of a validator
+        # thread's time at the 8B shape on an H200 (docs/results.md, engine efficiency):
+        # threads of their own wait, one for each sample that may be outstanding.
         threads, switch = torch.get_num_threads(), sys.getswitchinterval()
         torch.set_num_threads(1)
         if self.switch_interval_s:
@@ -159,6 +170,9 @@ class Extractor:
             max(1, min(self.cfg["concurrency"], (os.cpu_count() or 2) // 2)),
             thread_name_prefix="validate",
         )
+        waiters = None
+        if not self.wait_in_validator:
+            waiters = ThreadPoolExecutor(2 * self.cfg["concurrency"], thread_name_prefix="wait")
         probe_pool = ThreadPoolExecutor(1, thread_name_prefix="probe")
         batcher = ProbeBatcher(self.probe, probe_pool, self._timings)
         try:
@@ -181,6 +195,8 @@ class Extractor:
                 task.cancel()
             await asyncio.gather(*validating, return_exceptions=True)
             pool.shutdown(wait=True)
+            if waiters is not None:
+                waiters.shutdown(wait=True)
             probe_pool.shutdown(wait=True)
             self.probe_batches = batcher.batches
             torch.set_num_threads(threads)

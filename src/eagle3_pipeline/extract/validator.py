@@ -50,6 +50,21 @@ class Timings:
 PHASES = ("wait_write", "read", "parse", "checks", "hash_move")
 
 
+def wait_written(staged: str, timings: Timings | None = None) -> None:
+    """Return once the server has finished writing ``staged``: the connector holds an
+    exclusive flock on ``staged.lock`` while it writes, and a shared one sleeps until it is
+    done (no polling latency holding a request slot; the interpreter lock is released)."""
+    t = [time.perf_counter()]
+    lock = staged + ".lock"
+    if os.path.exists(lock):
+        with open(lock) as lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)
+        os.unlink(lock)
+    if timings is not None:
+        t.append(time.perf_counter())
+        timings.add(PHASES[:1], t)
+
+
 def take_sample(
     staged: str,
     index: int,
@@ -60,20 +75,17 @@ def take_sample(
     root: Path,
     samples_per_shard: int,
     timings: Timings,
+    written: bool = False,
 ) -> Checked:
     """Check the staged file of row ``index`` and move it into its shard (a worker thread).
+    ``written``: :func:`wait_written` has returned for it already (in a thread of its own).
     Raises VerificationError for a wrong sample; the staged file then stays out of the shards.
     A moved file without its journal entry (the probe or the job failing next) is a stray
     that the next scan removes."""
     clock = time.perf_counter
     t = [clock()]
-    lock = staged + ".lock"
-    if os.path.exists(lock):
-        # The connector holds an exclusive flock while it writes; a shared one sleeps until
-        # it is done (no polling latency holding a request slot).
-        with open(lock) as lf:
-            fcntl.flock(lf, fcntl.LOCK_SH)
-        os.unlink(lock)
+    if not written:
+        wait_written(staged)
     t.append(clock())
     data = read_into_thread_buffer(staged)
     t.append(clock())
