@@ -281,13 +281,28 @@ def test_waiting_for_the_writer_sleeps_until_it_releases_its_lock(tmp_path):
     assert timings.seconds["wait_write"] >= 0.2
 
 
-@pytest.mark.parametrize("in_validator", [False, True])
+def test_written_now_takes_a_free_lock_and_leaves_a_held_one(tmp_path):
+    import os
+
+    staged = tmp_path / "s.safetensors"
+    assert validator.written_now(str(staged))  # no lock made: nothing to wait for
+    fd = held_lock(staged)
+    assert not validator.written_now(str(staged)) and os.path.exists(f"{staged}.lock")
+    os.close(fd)
+    assert validator.written_now(str(staged)) and not os.path.exists(f"{staged}.lock")
+
+
+@pytest.mark.parametrize(
+    ("in_validator", "late", "waited"),
+    [(False, True, "wait"), (True, True, "validate"), (False, False, None)],
+)
 def test_the_client_waits_for_the_servers_writes_outside_its_validator_pool(
-    tmp_path, monkeypatch, in_validator
+    tmp_path, monkeypatch, in_validator, late, waited
 ):
     """A validator thread sleeping on the writer's lock is one fewer checking samples: the
     client waits in threads of its own (``wait_in_validator`` puts it back, for the
-    benchmark's comparison), and every sample still waits until it is written."""
+    benchmark's comparison), a sample already written waits nowhere, and every sample is
+    checked only once it is written."""
     import itertools
     import os
     import threading
@@ -312,6 +327,10 @@ def test_the_client_waits_for_the_servers_writes_outside_its_validator_pool(
     async def request(client, model, input_ids, *, timeout, max_retries):
         staged = tmp_path / f"staged{next(counter)}.safetensors"
         fd = held_lock(staged)
+        if not late:
+            staged.write_bytes(data)
+            os.close(fd)
+            return str(staged)
         staged.write_bytes(data[: len(data) // 2])  # half written when the answer comes
         threading.Timer(0.1, lambda: (staged.write_bytes(data), os.close(fd))).start()
         return str(staged)
@@ -336,8 +355,11 @@ def test_the_client_waits_for_the_servers_writes_outside_its_validator_pool(
     )
     asyncio.run(ex.run("http://127.0.0.1:9", "m", [0, 1, 2], Progress(3, "x"), lambda: None))
     book.close()
-    assert len(waited_in) == 3
-    assert all(n.startswith("validate" if in_validator else "wait") for n in waited_in), waited_in
+    if waited is None:
+        assert waited_in == []
+    else:
+        assert len(waited_in) == 3 and all(n.startswith(waited) for n in waited_in), waited_in
+        assert ex.timings["wait_write"] >= 0.05
     positions = verify.probe_positions(rows[0]["input_ids"], rows[0]["loss_mask"], 64)
     assert ex.checked == 3 * len(positions) and not ex.failures  # whole files checked
-    assert ex.timings["wait_write"] >= 0.05
+    assert not list(tmp_path.glob("*.lock"))

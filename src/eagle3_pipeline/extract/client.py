@@ -20,7 +20,7 @@ from ..runtime import Progress, for_each
 from ..verify import NextTokenProbe, VerificationError
 from .book import ShardBook
 from .plan import ExtractError
-from .validator import ProbeBatcher, Timings, take_sample, wait_written
+from .validator import ProbeBatcher, Timings, take_sample, wait_written, written_now
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,11 @@ class Extractor:
         async def validate(index: int, staged: str) -> None:
             nonlocal failures_in_a_row
             try:
-                if waiters is not None:
-                    await loop.run_in_executor(waiters, wait_written, staged, self._timings)
+                # a sample written by the time its answer is read goes straight to the
+                # validator pool, without a hop through a waiting thread
                 written = waiters is not None
+                if written and not written_now(staged):
+                    await loop.run_in_executor(waiters, wait_written, staged, self._timings)
                 checked = await loop.run_in_executor(pool, self.check, index, staged, written)
                 hits = await batcher.hits(checked.rows, checked.targets)
             except VerificationError as e:

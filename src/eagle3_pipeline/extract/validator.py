@@ -50,6 +50,24 @@ class Timings:
 PHASES = ("wait_write", "read", "parse", "checks", "hash_move")
 
 
+def written_now(staged: str) -> bool:
+    """Whether the server has finished writing ``staged``, without waiting: its lock is
+    free (then removed, as :func:`wait_written` removes it) or was never made."""
+    lock = staged + ".lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    os.unlink(lock)
+    return True
+
+
 def wait_written(staged: str, timings: Timings | None = None) -> None:
     """Return once the server has finished writing ``staged``: the connector holds an
     exclusive flock on ``staged.lock`` while it writes, and a shared one sleeps until it is
