@@ -50,16 +50,17 @@ class Timings:
 PHASES = ("wait_write", "read", "parse", "checks", "hash_move")
 
 
-def written_now(staged: str) -> bool:
-    """Whether the server has finished writing ``staged``, without waiting: its lock is
-    free (then removed, as :func:`wait_written` removes it) or was never made."""
+def _take_writers_lock(staged: str, block: bool) -> bool:
+    """The connector holds an exclusive flock on ``staged.lock`` while it writes ``staged``:
+    take it shared (sleeping until the write is done if ``block``; the interpreter lock is
+    released meanwhile), then remove the lock file. False: still being written."""
     lock = staged + ".lock"
     try:
         fd = os.open(lock, os.O_RDONLY)
     except FileNotFoundError:
-        return True
+        return True  # never made, or removed already
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH if block else fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     finally:
@@ -68,16 +69,16 @@ def written_now(staged: str) -> bool:
     return True
 
 
+def written_now(staged: str) -> bool:
+    """Whether the server has finished writing ``staged``, without waiting."""
+    return _take_writers_lock(staged, block=False)
+
+
 def wait_written(staged: str, timings: Timings | None = None) -> None:
-    """Return once the server has finished writing ``staged``: the connector holds an
-    exclusive flock on ``staged.lock`` while it writes, and a shared one sleeps until it is
-    done (no polling latency holding a request slot; the interpreter lock is released)."""
+    """Return once the server has finished writing ``staged`` (no polling latency holding a
+    request slot)."""
     t = [time.perf_counter()]
-    lock = staged + ".lock"
-    if os.path.exists(lock):
-        with open(lock) as lf:
-            fcntl.flock(lf, fcntl.LOCK_SH)
-        os.unlink(lock)
+    _take_writers_lock(staged, block=True)
     if timings is not None:
         t.append(time.perf_counter())
         timings.add(PHASES[:1], t)
