@@ -81,18 +81,22 @@ m_speed() {  # its server starts yield the CPUs to the trainings (nice); measure
 # start. M_ROUNDS_DRAFTERS picks some (e.g. "dflash:7=dflash_b8"). A drafter copied off an
 # earlier host (collect --drafters RUN:NAME --slim, its parts copied to $W/drafters before
 # start) is put back from the run's target, made here; the held-out set is then the committed
-# run's (benchmarks/results/gpu_runs/RUN/prompts).
+# run's (benchmarks/results/gpu_runs/RUN/prompts). M_ROUNDS_HELDOUT=0 times MT-Bench only:
+# data, trainings and both drafters' rounds then fit one 30-minute host (about 26 minutes).
 m_rounds() {
-  local x d=() heldout=$R/prompts/bench_heldout.jsonl
+  local x d=() heldout=$R/prompts/bench_heldout.jsonl sets=(--mtbench 80)
   [ -f "$R/target/target.json" ] || smk m1 "${M[@]}" --until target || return
-  [ -f "$heldout" ] || heldout=benchmarks/results/gpu_runs/${R#results/}/prompts/bench_heldout.jsonl
+  if [ "${M_ROUNDS_HELDOUT:-1}" != 0 ]; then
+    [ -f "$heldout" ] || heldout=benchmarks/results/gpu_runs/${R#results/}/prompts/bench_heldout.jsonl
+    sets+=(--heldout "$heldout")
+  fi
   for x in ${M_ROUNDS_DRAFTERS:-eagle3:3=eagle3 dflash:7=dflash_b8}; do
     unpack_drafter "$R" "${x#*=}" "$R/target/model" || return
     d+=(--drafter "${x%%=*}=$R/drafter/${x#*=}")
   done
   python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
     --target-json $R/target/target.json "${d[@]}" \
-    --mtbench 80 --heldout "$heldout" --concurrency 1 8 --max-tokens 96 \
+    "${sets[@]}" --concurrency 1 8 --max-tokens 96 \
     --out "$W/bench/h200_methods_speed_rounds${M_ROUNDS_TAG:-}.json"
 }
 # Engine efficiency, each benchmark alone on the GPU (both refuse a GPU that another process

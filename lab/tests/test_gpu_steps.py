@@ -297,7 +297,10 @@ def test_the_rounds_step_times_both_drafters_against_one_baseline(host_copy, tmp
         for f in made:  # trained on this host
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text("")
-        out = call_step(host_copy, tmp_path, "m_rounds", {**ROUNDS, **echo_python(tmp_path)})
+        env = {**ROUNDS, **echo_python(tmp_path)}
+        out = call_step(host_copy, tmp_path, "m_rounds", env)
+        # MT-Bench only, so that data, trainings and rounds fit one host
+        mtbench_only = call_step(host_copy, tmp_path, "m_rounds", {**env, "M_ROUNDS_HELDOUT": "0"})
     finally:
         shutil.rmtree(host_copy / run)
     (call,) = out.splitlines()  # no target made, no drafter unpacked
@@ -306,6 +309,11 @@ def test_the_rounds_step_times_both_drafters_against_one_baseline(host_copy, tmp
     drafters = [args[i + 1] for i, a in enumerate(args) if a == "--drafter"]
     assert drafters == [f"eagle3:3={run}/drafter/eagle3", f"dflash:7={run}/drafter/dflash_b8"]
     assert args[args.index("--heldout") + 1] == f"{run}/prompts/bench_heldout.jsonl"
+    assert args[args.index("--mtbench") + 1] == "80"
+    (call,) = mtbench_only.splitlines()
+    args = call.split()
+    assert "--heldout" not in args and args[args.index("--mtbench") + 1] == "80"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--drafter"] == drafters
 
 
 def test_the_rounds_step_puts_a_carried_drafter_back_first(host_copy, tmp_path):
