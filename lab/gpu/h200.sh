@@ -10,8 +10,10 @@
 #                                                   steps of a lane (joined by ,) one by one
 #   bash lab/gpu/h200.sh unpack PREFIX...           put carried parts (PREFIX.partNN: a run's synth
 #                                                   journal) into /tmp/w/repo, before start
-#   bash lab/gpu/h200.sh poll [SECONDS]             wait until the plan ends or SECONDS pass, then
-#                                                   print its status (default 540)
+#   bash lab/gpu/h200.sh poll [SECONDS [--step-end]]
+#                                                   wait until the plan ends or SECONDS pass (or,
+#                                                   with --step-end, a step ends), then print its
+#                                                   status (default 540)
 #   bash lab/gpu/h200.sh collect [--synth RUN...] [--drafters RUN...]
 #                                                   pack the figures into $OUT/h200-results.tar.xz
 #                                                   (and those runs' synth answers / drafters)
@@ -19,7 +21,7 @@
 # Steps are the functions of lab/gpu/steps.sh, e.g.
 #   bash lab/gpu/h200.sh start facts smoke,eff+quality_synth
 set -euo pipefail
-W=/tmp/w
+W=${W:-/tmp/w}
 cmd=${1:?usage: h200.sh install|start|poll|collect}; shift
 case $cmd in
   install)
@@ -48,7 +50,13 @@ case $cmd in
     ;;
   poll)
     limit=${1:-540}; t=0
+    # --step-end: return as soon as a step ends too, so that what it made (a drafter) can be
+    # copied off in the same command, before a later step or a lost host can take it.
+    ended() { cat "$W/status.log" 2>/dev/null | grep -cE " (ok|FAIL rc=[0-9]+) [0-9]+ s$" || true; }
+    step_end=; [ "${2:-}" = --step-end ] && step_end=1
+    before=$(ended)
     while [ "$t" -lt "$limit" ] && kill -0 "$(cat "$W/plan.pid")" 2>/dev/null; do
+      [ -n "$step_end" ] && [ "$(ended)" != "$before" ] && break
       sleep 5; t=$((t + 5))
     done
     kill -0 "$(cat "$W/plan.pid")" 2>/dev/null && echo "== running" || echo "== plan ended"

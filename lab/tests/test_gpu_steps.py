@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -348,3 +349,46 @@ def test_the_rounds_step_puts_a_carried_drafter_back_first(host_copy, tmp_path):
     )
     assert proc.returncode != 0 and "no parts of it" in proc.stderr
     assert "drafter_tau" not in proc.stdout
+
+
+def _poll(tmp_path: Path, *args: str) -> subprocess.Popen:
+    plan = subprocess.Popen(["sleep", "60"])  # stands in for the running plan
+    (tmp_path / "plan.pid").write_text(str(plan.pid))
+    (tmp_path / "status.log").write_text("m_data start 13:35:11\n")
+    poll = subprocess.Popen(
+        ["bash", str(REPO / "lab" / "gpu" / "h200.sh"), "poll", *args],
+        env={**os.environ, "W": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    poll.plan = plan
+    return poll
+
+
+@pytest.mark.parametrize("ending", ["m_data ok 274 s", "m_data FAIL rc=1 12 s"])
+def test_poll_returns_when_a_step_ends_if_asked(tmp_path, ending):
+    poll = _poll(tmp_path, "40", "--step-end")
+    try:
+        time.sleep(6)
+        assert poll.poll() is None  # nothing ended yet: still waiting
+        with open(tmp_path / "status.log", "a") as f:
+            f.write(ending + "\nm_train start 13:39:45\n")
+        out, _ = poll.communicate(timeout=15)
+        assert "== running" in out and ending in out
+    finally:
+        poll.kill()
+        poll.plan.kill()
+
+
+def test_poll_without_step_end_waits_past_a_step(tmp_path):
+    poll = _poll(tmp_path, "12")
+    try:
+        time.sleep(2)
+        with open(tmp_path / "status.log", "a") as f:
+            f.write("m_data ok 274 s\n")
+        t0 = time.monotonic()
+        out, _ = poll.communicate(timeout=30)
+        assert time.monotonic() - t0 > 6 and "== running" in out
+    finally:
+        poll.kill()
+        poll.plan.kill()
