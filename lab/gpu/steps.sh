@@ -146,6 +146,12 @@ eff_extract_8b_wait() {  # the client against itself with its validator threads 
     --gpu-memory-utilization 0.4 --validator-wait \
     --out "$W/bench/h200_extract_throughput_8b_wait_rounds.json"
 }
+eff_extract_8b_fp8() {  # the 8B shape with fp8 storage: half the bytes the connector writes
+  python3 benchmarks/extract_throughput.py --config config/gpu.yaml --dummy-shape llama-8b \
+    $(eff_rows) --rows "${EFF_ROWS:-1536}" --concurrency 32 --rounds 3 \
+    --gpu-memory-utilization 0.4 --storage fp8 \
+    --out "$W/bench/h200_extract_throughput_8b_fp8_rounds.json"
+}
 eff_extract_client() {  # the 135M target, the same variants
   python3 benchmarks/extract_throughput.py --config config/gpu.yaml $(eff_rows) \
     --rows 1536 --concurrency 32 --rounds 3 --typed-requests --httpx-transport \
