@@ -68,7 +68,7 @@ def disk_problem(needed: int, free: int, margin: float, where: Path) -> str | No
         f"hidden states need about {needed / GIB:.1f} GiB (x{margin} margin = "
         f"{needed * margin / GIB:.1f} GiB) but {where} has {free / GIB:.1f} GiB free. "
         f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, use extract.storage: "
-        "fp8 (half the size, extraction about a quarter slower), or lower prepare.seq_length / "
+        "fp8 (half the size, at about the same extraction rate), or lower prepare.seq_length / "
         "the number of prompts; or set "
         f"{ALLOW_KEY}: [disk] to proceed anyway."
     )
