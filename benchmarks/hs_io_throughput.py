@@ -8,7 +8,7 @@ No vLLM needed: torch + safetensors (+ this repo's src). For each hidden size:
   validator  what the extract client does per sample (``Extractor.store``): read the file,
              parse, shape/ids/finite/zero-row checks, the next-token probe (lm_head of the
              target's vocab on the GPU when there is one), sha256, move into the shard.
-GB/s counts bytes of the stored files. Runs on a GPU host (the H200 lent for measurements)
+GB/s counts bytes of the stored files. Runs on a GPU host (an H200 in results.md)
 and on the CPU (slow, for a smoke test with --samples 1 --seq 256).
 """
 

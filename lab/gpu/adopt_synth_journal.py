@@ -1,4 +1,4 @@
-"""Adopt a synth journal carried from an earlier host session, so that its answers are reused.
+"""Adopt a synth journal carried from an earlier host, so that its answers are reused.
 
     PYTHONPATH=src python3 lab/gpu/adopt_synth_journal.py \\
         --configfile config/gpu-quality.yaml [more.yaml]

@@ -24,7 +24,7 @@ quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth
 quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
 quality() { smk quality --configfile config/gpu-quality.yaml; }
 # EAGLE-3 next to DFlash (config/gpu-methods.yaml): a synth journal carried from an earlier
-# session is adopted once prompts and target exist (lab/gpu_host.md), EAGLE-3 is trained and
+# host is adopted once prompts and target exist (lab/gpu_host.md), EAGLE-3 is trained and
 # benchmarked first, then DFlash and the report (-k: one method's failure keeps the other's).
 # METHODS_EXTRA: one more config file over those two, METHODS_RUN: the run it names.
 METHODS_CFG=(--configfile config/gpu-quality.yaml config/gpu-methods.yaml ${METHODS_EXTRA:-})
