@@ -1,4 +1,4 @@
-"""Lines per library module at two revisions (issue 13's before/after).
+"""Lines per library module at two revisions (a refactoring's before and after).
 
     .venv/bin/python lab/line_counts.py 5e363f8 81d9046 \\
         --out lab/results/code_health/line_counts.json

@@ -1,9 +1,10 @@
 """What a change to a finished run re-runs, on a real CI-sized run (tests/configs/ci.yaml).
 
 Each row applies one change to a copy of the finished run and asserts the exact jobs
-`snakemake -n` plans. The starred rows of the issue then re-run for real and assert, from the
-stages' own records, that no vLLM server started and no training step ran: a needless re-run
-costs seconds (benchmarks/rerun_costs.py measures what each row costs on the default config).
+`snakemake -n` plans. Two of them (below "re-run for real") then run for real and assert, from
+the stages' own records, that no vLLM server started and no training step ran: a needless
+re-run costs seconds (benchmarks/rerun_costs.py measures what each row costs on the default
+config).
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def test_comment_only_edit_in_every_library_module(copy):
     assert len(files) > 20
 
 
-# ---- starred rows: re-run for real, nothing recomputed ---------------------------------------
+# ---- re-run for real, nothing recomputed -------------------------------------------------------
 
 
 def records(work: Path) -> dict:
