@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/synth_repetition.py results/gpu-quality/synth/synth.jsonl.zst \
         --out benchmarks/results/quality_vs_data/synth_repetition_gpu_quality.json
 
-A synth journal (results/<run>/synth/.partial/journal.jsonl, what a GPU host run brings
-home) is read the same way: its answered entries are the records.
+A synth journal (results/<run>/synth/.partial/journal.jsonl, what a GPU host run copies
+off) is read the same way: its answered entries are the records.
 
 A drafter predicts a looping answer almost perfectly, so the share of completion tokens that
 continue an n-gram already seen earlier in the same answer bounds how much of a high

@@ -1,4 +1,4 @@
-"""Pack what a GPU host run measured into one archive small enough to bring home.
+"""Pack what a GPU host run measured into one archive small enough to copy off the host.
 
     python3 lab/gpu/pack_results.py /tmp/w $OUT/h200-results.tar.xz \
         [--synth RUN...] [--drafters RUN...]
@@ -59,7 +59,7 @@ KEEP = [
 LOG_TAIL = 1 << 20
 LIMIT = 15 << 20
 # A run's synth journal (every answer, what lab/gpu/adopt_synth_journal.py reads) and stats, to
-# bring home and carry to a later host so that its synth stage reuses them instead of generating
+# copy off and carry to a later host so that its synth stage reuses them instead of generating
 # again; synth.jsonl.zst is left out: it is the journal's answers again.
 SYNTH = ["synth/stats.json", "synth/.partial/*"]
 # A run's drafters: what vLLM loads (one drafter per method, or the single drafter of a run

@@ -1,4 +1,4 @@
-"""Put drafters brought home from a GPU host back together (lab/gpu/pack_results.py).
+"""Put drafters copied off a GPU host back together (lab/gpu/pack_results.py).
 
     .venv/bin/python lab/gpu/unpack_drafters.py FETCHED/RUN-drafters-NAME.tar.part* \
         --into /tmp/home --target-model tests/.cache/target-bfloat16/model

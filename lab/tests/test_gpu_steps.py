@@ -140,7 +140,7 @@ def test_the_two_synth_lanes_write_their_own_runs(host_copy, tmp_path, step, run
 )
 def test_the_lever_lanes_train_eagle3_only_and_benchmark_nothing(host_copy, tmp_path, step, run):
     """The two quality runs trained side by side: data and EAGLE-3's training of their own
-    run, no DFlash (the levers config drops it) and no bench job (measured at home)."""
+    run, no DFlash (the levers config drops it) and no bench job (measured off the host)."""
     out = call_step(host_copy, tmp_path, step)
     jobs = set(job_names(parse_jobs(out)))
     assert {"synth", "extract_gather", "vocab", "train[method=eagle3]"} <= jobs, sorted(jobs)
