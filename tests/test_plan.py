@@ -101,7 +101,7 @@ def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
         "synth 1 (1 job), extract 1 (1 job(s)), train 4 (1 job(s)), bench 1"
     )
     assert lines["extract time"].startswith("~ ")  # measured on the Llama-3.1-8B shape
-    assert "h200_extract_throughput_8b.json" in lines["extract time"]
+    assert "h200_extract_throughput_8b_waitthreads_rounds.json" in lines["extract time"]
 
 
 def test_a_too_small_disk_stops_a_real_run_before_synth(kimi, tmp_path):

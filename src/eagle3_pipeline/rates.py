@@ -15,12 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Throughputs measured in this repository, with the model they were measured on: a stage's time
 # is its tokens over the rate of the measurement nearest the target's size. A smaller model
-# runs faster, so for a larger target the time is a lower bound (shown with >=).
+# runs faster, so for a larger target the time is a lower bound (shown with >=). On the GPU,
+# the current clients' medians over alternating rounds, alone on the device (synth: the later
+# of two runs, the slower one).
 RATES = (
     {
         "stage": "synth",
         "device": "cuda",
-        "file": "efficiency/h200_synth_throughput.json",
+        "file": "efficiency/h200_synth_throughput_repeat2_rounds.json",
         "key": "median.pipeline",
         "model": "SmolLM2-135M, 1 H200",
         "params": 134_515_008,
@@ -38,7 +40,7 @@ RATES = (
     {
         "stage": "extract",
         "device": "cuda",
-        "file": "efficiency/h200_extract_throughput_8b.json",
+        "file": "efficiency/h200_extract_throughput_8b_waitthreads_rounds.json",
         "key": "median.extract",
         "model": "Llama-3.1-8B shape, 1 H200",
         "params": 8_029_995_008,
@@ -47,7 +49,7 @@ RATES = (
     {
         "stage": "extract",
         "device": "cuda",
-        "file": "efficiency/h200_extract_throughput_135m.json",
+        "file": "efficiency/h200_extract_throughput_135m_waitthreads_rounds.json",
         "key": "median.extract",
         "model": "SmolLM2-135M, 1 H200",
         "params": 134_515_008,
