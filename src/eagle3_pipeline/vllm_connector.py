@@ -82,11 +82,11 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         return {"hidden_states": hidden_states.to(torch.bfloat16)}
 
     def _copy_on_cpu(self, pending: PendingSave):
-        hs = extract_from_kv_cache(self._kv_cache, self._slots(pending), len(pending.token_ids))
         # The KV blocks are freed and reused once this request reports done, so the written
-        # tensors must not alias them.
-        tensors = {k: v.to("cpu", copy=True) for k, v in self._stored(hs).items()}
-        return tensors, _Done()
+        # tensors must not alias them: extract_from_kv_cache indexes with tensors, which
+        # always copies, so no second copy is needed.
+        hs = extract_from_kv_cache(self._kv_cache, self._slots(pending), len(pending.token_ids))
+        return self._stored(hs), _Done()
 
     def _copy_on_stream(self, pending: PendingSave):
         """Like the stock path: convert on the copy stream once it has seen the default
