@@ -14,12 +14,12 @@ stage's client at Python's own switch interval instead of the client's shorter o
 also (e), the client sending its rows through the openai client's typed completions route
 (speculators' generate_hidden_states_async) instead of as plain JSON; with --httpx-transport
 also (f), the client over the openai client's default httpx transport instead of aiohttp
-(eagle3_pipeline.client.async_client); with --validator-wait also (g), the client with a
+(eagle3_pipeline.server.client.async_client); with --validator-wait also (g), the client with a
 validator thread waiting for the server to finish writing each sample instead of a waiting
 thread of its own. Every client here sends plain JSON through aiohttp
-otherwise (eagle3_pipeline.client.completion). Both servers are up
+otherwise (eagle3_pipeline.server.client.completion). Both servers are up
 together and every round runs every variant, the order reversed every round
-(eagle3_pipeline.bench.rounds; at least 3 rounds). Prefix caching is off so repeated rounds
+(eagle3_lab.rounds; at least 3 rounds). Prefix caching is off so repeated rounds
 measure the same work. Prompt tokens/s of each with its spread (median, min-max), the ratios
 (goal (b)/(a) >= 0.90), and the client's CPU seconds per sample (this process: requests,
 validator, probe) are printed and kept; the result records what else ran on the machine
@@ -38,16 +38,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle3_pipeline import client as client_lib
+from eagle3_lab import rounds as rounds_lib
+from eagle3_lab.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_json
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
-from eagle3_pipeline.bench import rounds as rounds_lib
-from eagle3_pipeline.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_json
+from eagle3_pipeline.engine.spec import spec_from_config
 from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S, request_hidden_states
-from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import Progress, setup_logging
+from eagle3_pipeline.runtime.provenance import package_versions
 from eagle3_pipeline.server import VllmServer
-from eagle3_pipeline.serving import spec_from_config
+from eagle3_pipeline.server import client as client_lib
 
 
 def packaged_rows(tokenizer_dir: Path, n: int, seq_length: int, prompts_cfg: dict):
@@ -60,7 +60,7 @@ def packaged_rows(tokenizer_dir: Path, n: int, seq_length: int, prompts_cfg: dic
     from transformers import AutoTokenizer
 
     from eagle3_pipeline import prompts
-    from eagle3_pipeline.fileio import iter_jsonl
+    from eagle3_pipeline.runtime.files import iter_jsonl
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     with tempfile.TemporaryDirectory() as tmp:

@@ -55,8 +55,8 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from eagle3_pipeline import extract
-    from eagle3_pipeline.shards import SCALES_KEY, quantize_fp8
-    from eagle3_pipeline.verify import NextTokenProbe
+    from eagle3_pipeline.hidden_states.checks import NextTokenProbe
+    from eagle3_pipeline.hidden_states.shards import SCALES_KEY, quantize_fp8
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     results = []

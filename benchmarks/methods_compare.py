@@ -19,7 +19,7 @@ import csv
 import sys
 from pathlib import Path
 
-from eagle3_pipeline.fileio import read_json, write_json
+from eagle3_pipeline.runtime.files import read_json, write_json
 
 
 def snakemake_seconds(tsv: Path) -> float | None:

@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import extract, verify
+from eagle3_pipeline import extract
 from eagle3_pipeline import target as targetlib
-from eagle3_pipeline.fileio import write_json
+from eagle3_pipeline.hidden_states import checks as verify
 from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime.files import write_json
 from eagle3_pipeline.server import VllmServer
 
 LAYER_IDS = [1, 3, 4, 6]  # aux layers + the final one, as the extract stage asks for them
@@ -90,8 +91,8 @@ def main() -> None:
         row = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198] * 4
         t0 = time.monotonic()
         with VllmServer(spec, Path(tmp) / "server.log") as server:
-            from eagle3_pipeline import client as client_lib
             from eagle3_pipeline.extract.client import request_hidden_states
+            from eagle3_pipeline.server import client as client_lib
 
             async def one() -> str:  # as the extract stage's client sends a row
                 async with client_lib.async_client(

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_pipeline.fileio import write_json
-from eagle3_pipeline.provenance import package_versions
+from eagle3_pipeline.runtime.files import write_json
+from eagle3_pipeline.runtime.provenance import package_versions
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -28,8 +28,8 @@ def main() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from eagle3_pipeline.hidden_states.checks import reference_hidden_states
     from eagle3_pipeline.target import default_layer_ids
-    from eagle3_pipeline.verify import reference_hidden_states
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = LlamaConfig(

@@ -25,7 +25,7 @@ The verify estimate runs k + 1 query tokens through the prefill path (piecewise 
 the uniform-decode graph a speculative engine verifies with, so it overstates verification
 where launches dominate (the 135M shape); the spec-engine step is the faithful one.
 Each timing is repeated in --rounds rounds; medians, with min and max, are reported. Then
-``eagle3_pipeline.step_costs.projections`` with the τ the bench stage measured on the 135M
+``eagle3_lab.step_costs.projections`` with the τ the bench stage measured on the 135M
 target at concurrency 1 (--metrics), from the component sum and, where measured, from
 vLLM's own step; for kimi-k2-1l + kimi-k2-2l the 61-layer extrapolation (1-layer cut + 60
 marginal MoE layers) where the 2-layer cut measured slower.
@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle3_pipeline import dummy_models, step_costs
+from eagle3_lab import dummy_models, step_costs
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = REPO / "benchmarks/results/gpu_runs/gpu-rounds/bench/eagle3/metrics.json"
@@ -365,7 +365,7 @@ def report(results: dict, args) -> dict:
             projections[shape]["measured"] = {r["prompt_set"]: r["speedup"] for r in runs}
     return {
         "what": "step costs at real targets' shapes with random weights; speedups are "
-        "projections (eagle3_pipeline.step_costs.projected_speedup), not measurements",
+        "projections (eagle3_lab.step_costs.projected_speedup), not measurements",
         "formula": "speedup = tau * t_target / (t_verify(k+1) + k * t_draft)",
         "command": " ".join(sys.argv),
         "k": args.k,

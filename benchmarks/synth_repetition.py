@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from eagle3_pipeline.fileio import iter_jsonl
 from eagle3_pipeline.prepare import loop_start
+from eagle3_pipeline.runtime.files import iter_jsonl
 
 
 def repeated_tokens(ids: list[int], n: int) -> int:

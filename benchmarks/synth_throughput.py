@@ -6,7 +6,7 @@ Starts one vLLM server on the target (default: the packaged SmolLM2, materialize
 tests/.cache) with prefix caching off, then runs --rounds rounds (at least 3) of (a) the
 pipeline's synth client (the openai client over aiohttp with retries, journaling every record,
 progress) and (b) a bare aiohttp client firing the same requests, the order reversed every
-round (eagle3_pipeline.bench.rounds); with --httpx-transport also (c), the pipeline's client
+round (eagle3_lab.rounds); with --httpx-transport also (c), the pipeline's client
 over the openai client's default httpx transport. It reports completion tokens/s of each with
 its spread (median, min-max), the ratio, and the CPU time each client spends per request
 (the server is another process: on a GPU host, where the server is fast, a client's CPU per
@@ -25,18 +25,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagle3_lab import rounds as rounds_lib
+from eagle3_lab.dummy_models import packaged_target_json
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, synth, target
-from eagle3_pipeline.bench import rounds as rounds_lib
-from eagle3_pipeline.dummy_models import packaged_target_json
-from eagle3_pipeline.fileio import AppendLog
-from eagle3_pipeline.provenance import package_versions as versions
+from eagle3_pipeline.engine.spec import spec_from_config
 from eagle3_pipeline.runtime import Progress, setup_logging
+from eagle3_pipeline.runtime.files import AppendLog
+from eagle3_pipeline.runtime.provenance import package_versions as versions
 from eagle3_pipeline.server import Endpoint, VllmServer
-from eagle3_pipeline.serving import spec_from_config
 
 REPO = Path(__file__).resolve().parents[1]
-# the pipeline's client variants and their HTTP transports (eagle3_pipeline.client.async_client)
+# the pipeline's client variants and their HTTP transports
+# (eagle3_pipeline.server.client.async_client)
 TRANSPORT_OF = {"pipeline": "aiohttp", "pipeline_httpx": "httpx"}
 
 
@@ -132,7 +133,7 @@ def main() -> None:
             train_out=Path(tmp) / "p.jsonl.zst",
             stats_out=Path(tmp) / "s.json",
         )
-        from eagle3_pipeline.fileio import iter_jsonl
+        from eagle3_pipeline.runtime.files import iter_jsonl
 
         rows = list(iter_jsonl(Path(tmp) / "p.jsonl.zst"))
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from eagle3_pipeline import bench, train
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.bench.verdict import best_val
-from eagle3_pipeline.fileio import read_json, write_json
+from eagle3_pipeline.bench import best_val
 from eagle3_pipeline.methods import method_train_config
 from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime.files import read_json, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import reasoning
-from eagle3_pipeline.fileio import iter_jsonl, read_json, write_json
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json, write_json
+from eagle3_pipeline.synth import check as reasoning
 from eagle3_pipeline.target import chat_template_text, load_info
 
 CONFIG = Path("benchmarks/configs/thinking_cpu.yaml")

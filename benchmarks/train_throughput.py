@@ -180,7 +180,7 @@ def build_data(root: Path, verifier: Path, s: dict, num_samples: int, storage: s
     from datasets import Dataset, Features, Sequence, Value
     from safetensors.torch import save_file
 
-    from eagle3_pipeline import shards
+    from eagle3_pipeline.hidden_states import shards
     from eagle3_pipeline.target import identity as target_identity
 
     hs_root, flat = root / "hidden_states", root / "flat_hidden_states"

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from eagle3_pipeline.bench.rounds import spread
+from eagle3_lab.rounds import spread
 from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
 from eagle3_pipeline.extract.validator import Timings, take_sample
 
@@ -128,8 +128,9 @@ def current_against_copying(hidden, tokens, layers, samples, threads, rounds) ->
     was (copying reads, parse and mask), alternating."""
     from safetensors.torch import load
 
-    from eagle3_pipeline import shards, verify
     from eagle3_pipeline.extract import validator
+    from eagle3_pipeline.hidden_states import checks as verify
+    from eagle3_pipeline.hidden_states import shards
 
     current = (validator.read_into_thread_buffer, shards.tensors_from_bytes, verify._masked)
     copying = (lambda path: Path(path).read_bytes(), load, lambda bits, mask: bits & mask)

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle3_pipeline import fileio, prepare, vocab
+from eagle3_pipeline.prepare import stage as prepare
+from eagle3_pipeline.runtime import files as fileio
+from eagle3_pipeline.vocab import stage as vocab
 
 VOCAB = 163840
 SEQ_LENGTH = 8192

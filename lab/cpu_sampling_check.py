@@ -24,8 +24,13 @@ from drafter_tau import (  # a neighbour: lab/ is on the path
 )
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.bench.measure import acceptance, counter_delta, scrape
-from eagle3_pipeline.bench.stage import speculative_config, start_server
+from eagle3_pipeline.bench import (
+    acceptance,
+    counter_delta,
+    scrape,
+    speculative_config,
+    start_server,
+)
 
 SETTINGS = [(0.0, True, 8), (0.01, True, 8), (0.01, False, 8), (0.01, False, 1), (0.01, True, 1)]
 

@@ -7,7 +7,7 @@
 
 The counters of a prompt set say only whether replay and served agree in sum. This serves the
 first ``--n`` prompts of a set one at a time on vLLM's offline engine with the drafter's
-``propose`` recorded (``eagle3_pipeline.diagnostics.served.served_proposals``, what
+``propose`` recorded (``eagle3_lab.diagnostics.served.served_proposals``, what
 tests/test_replay.py checks with tiny drafters) and compares, request by request, vLLM's
 spec-decode counters with the walk and, step by step, vLLM's proposals with the replay's (the k
 + 1 queries vLLM builds for DFlash): for every proposal that differs, the first slot that
@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3_pipeline import diagnostics as R
-from eagle3_pipeline.diagnostics import models
-from eagle3_pipeline.diagnostics import served as vllm_served
-from eagle3_pipeline.fileio import iter_jsonl, read_json, write_json
-from eagle3_pipeline.provenance import package_versions
+from eagle3_lab import diagnostics as R
+from eagle3_lab.diagnostics import models
+from eagle3_lab.diagnostics import served as vllm_served
 from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json, write_json
+from eagle3_pipeline.runtime.provenance import package_versions
 
 
 def differences(served, props, margins, outputs, k):

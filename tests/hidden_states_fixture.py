@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.shards import samples_digest
+from eagle3_pipeline.hidden_states.shards import samples_digest
 
 # Short real question/answer pairs: the rows are rendered with the target's chat template and
 # the loss mask covers the assistant answer (as prepare does).
@@ -118,7 +118,7 @@ def compute_hidden_states(model, rows: list[list[int]], layer_ids: list[int]):
     as the extract stage's reference check computes them."""
     import torch
 
-    from eagle3_pipeline.verify import reference_hidden_states
+    from eagle3_pipeline.hidden_states.checks import reference_hidden_states
 
     for row in rows:
         yield torch.stack(reference_hidden_states(model, row, layer_ids), dim=1).float()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import zstandard
 
-from eagle3_pipeline import fileio
+from eagle3_pipeline.runtime import files as fileio
 
 
 def record(rid: str, prompt: list, completion: list, **extra) -> dict:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import bench, consistency, report
+from eagle3_pipeline import bench, report
 from eagle3_pipeline.bench import measure, stage
 from eagle3_pipeline.bench import verdict as bench_verdict
-from eagle3_pipeline.fileio import write_json
+from eagle3_pipeline.methods import consistency
+from eagle3_pipeline.runtime.files import write_json
 
 POS = measure.PER_POS
 
@@ -429,7 +430,7 @@ def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
     """The one checker train and bench call: a clean drafter passes, each slip is named."""
     import numpy as np
 
-    from eagle3_pipeline.target import load_info
+    from eagle3_pipeline.target.stage import load_info
 
     target = load_info(target_json)
     manifest = trained["manifest"]

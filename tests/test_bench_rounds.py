@@ -1,4 +1,4 @@
-"""The rounds protocol of the engine-efficiency benchmarks (eagle3_pipeline.bench.rounds)."""
+"""The rounds protocol of the engine-efficiency benchmarks (eagle3_lab.rounds)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from eagle3_pipeline.bench import measure, rounds
+from eagle3_lab import rounds
+from eagle3_pipeline.bench import measure
 
 
 def test_rounds_reverse_the_order_and_keep_every_figure():

@@ -1,4 +1,4 @@
-"""The one HTTP client (eagle3_pipeline.client) against a real local HTTP server: its retries
+"""The one HTTP client (eagle3_pipeline.server.client) against a real local HTTP server: its retries
 (transient errors are retried with backoff, a refusal is final) as synth uses them."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from eagle3_pipeline import synth
 from eagle3_pipeline.server import Endpoint, ServerError, external_endpoint
+from eagle3_pipeline.synth import stage as synth
 
 ANSWER = {
     "id": "c",
@@ -80,7 +80,7 @@ PROMPT = {"id": "p1", "messages": [{"role": "user", "content": "hello"}]}
 
 
 def answer(srv, transport="aiohttp", **cfg):
-    from eagle3_pipeline import client as client_lib
+    from eagle3_pipeline.server import client as client_lib
 
     async def go():
         c = {**CFG, **cfg}
@@ -112,7 +112,7 @@ def test_the_async_client_sends_through_aiohttp_and_times_out_as_a_transient_err
     read timeout is the client's: a request that outlasts it is retried, then Transient."""
     import openai
 
-    from eagle3_pipeline import client as client_lib
+    from eagle3_pipeline.server import client as client_lib
 
     client = client_lib.async_client(server.base_url, timeout=1, max_retries=0)
     assert isinstance(client._client, openai.DefaultAioHttpClient)

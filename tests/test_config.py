@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import config_checks, vllm_cpu_fixes
+from eagle3_pipeline.config import checks as config_checks
+from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 
 from smkcli import REPO, snakemake
 
@@ -281,7 +282,7 @@ def test_sampled_bench_on_the_cpu_needs_the_plugin(monkeypatch):
 
 
 def test_target_chat_template_is_a_target_result_key_and_input(tmp_path):
-    from eagle3_pipeline.target import defining_files
+    from eagle3_pipeline.target.stage import defining_files
 
     template = tmp_path / "thinking.jinja"
     template.write_text("{{ messages[0].content }}")
@@ -444,9 +445,10 @@ def test_cli_dotted_config_keys_are_rejected_by_snakemake_itself(tmp_path):
 def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_json, tmp_path):
     """vLLM would refuse it only after its engine started, under a pydantic headline that hides
     the cause; a stage refuses it before starting a server."""
-    from eagle3_pipeline import extract, synth
-    from eagle3_pipeline.serving import spec_for_target
-    from eagle3_pipeline.target import load_info
+    from eagle3_pipeline import extract
+    from eagle3_pipeline.engine.spec import spec_for_target
+    from eagle3_pipeline.synth import stage as synth
+    from eagle3_pipeline.target.stage import load_info
 
     target = load_info(target_json)  # the packaged SmolLM2-135M: 9 attention heads
     cfg = cfglib.validate({"vllm": {"device": "cuda", "tensor_parallel_size": 2}})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import vllm_cpu_fixes
+from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 
 from conftest import ci_snakemake
 
@@ -84,7 +84,7 @@ def test_report_numbers_are_real(run_dir):
 
 
 def test_heldout_prompts_are_benchmarked_and_never_trained_on(run_dir):
-    from eagle3_pipeline.fileio import iter_jsonl
+    from eagle3_pipeline.runtime.files import iter_jsonl
 
     held = [r["id"] for r in iter_jsonl(run_dir / "prompts" / "bench_heldout.jsonl")]
     answered = {r["id"] for r in iter_jsonl(run_dir / "synth" / "synth.jsonl.zst")}

@@ -15,8 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_pipeline import extract, prepare, shards, synth
-from eagle3_pipeline.fileio import read_json, write_jsonl_zst
+from eagle3_pipeline import extract
+from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.prepare import stage as prepare
+from eagle3_pipeline.runtime.files import read_json, write_jsonl_zst
+from eagle3_pipeline.synth import stage as synth
 
 from conftest import default_config
 

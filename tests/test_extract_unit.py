@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_pipeline import extract, shards, verify
-from eagle3_pipeline.fileio import write_json
+from eagle3_pipeline import extract
+from eagle3_pipeline.hidden_states import checks as verify
+from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.runtime.files import write_json
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def greedy_row(target_dir, tokenizer):
 
 @pytest.fixture(scope="module")
 def probe(target_json, target_dir):
-    from eagle3_pipeline.target import load_info
+    from eagle3_pipeline.target.stage import load_info
 
     return verify.NextTokenProbe(target_dir, load_info(target_json)["architecture"])
 

@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from eagle3_pipeline import shards, verify
 from eagle3_pipeline.extract import validator
+from eagle3_pipeline.hidden_states import checks as verify
+from eagle3_pipeline.hidden_states import shards
 
 T, L, H = 12, 4, 64
 

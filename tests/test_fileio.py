@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from eagle3_pipeline.fileio import iter_jsonl, iter_lines, sha256_tree, write_jsonl
+from eagle3_pipeline.runtime.files import iter_jsonl, iter_lines, sha256_tree, write_jsonl
 from eagle3_pipeline.stats import median, percentiles
 
 

@@ -17,14 +17,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3_pipeline import gpus, runtime
+from eagle3_pipeline import runtime
+from eagle3_pipeline.runtime import gpus
 
 from smkcli import REPO, env_for
 
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from eagle3_pipeline.gpus import GpuLease
+from eagle3_pipeline.runtime.gpus import GpuLease
 count, devices = int(sys.argv[1]), sys.argv[2].split(",")
 lock_dir, out = sys.argv[3], Path(sys.argv[4])
 with GpuLease(count, devices=devices, lock_dir=lock_dir, poll_s=0.05) as got:

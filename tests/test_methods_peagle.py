@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import consistency, methods, train
-from eagle3_pipeline.target import load_info
+from eagle3_pipeline import methods, train
+from eagle3_pipeline.methods import consistency
+from eagle3_pipeline.target.stage import load_info
 
 from train_fixtures import TRAIN_CFG, run_kwargs, trainer_args_of
 
 
 def peagle_job(gpus: int = 0, **own) -> dict:
-    """The peagle train job's config (config.job_section) of a config that trains it."""
-    section = cfglib.validate({"train": {"methods": ["peagle"], "gpus": gpus, "peagle": own}})
-    section = section["train"]
-    return {**section, **methods.method_train_config(section, "peagle")}
+    """The peagle train job's config (config.train_job_section) of a config that trains it."""
+    cfg = cfglib.validate({"train": {"methods": ["peagle"], "gpus": gpus, "peagle": own}})
+    return cfglib.drafter_train_config(cfg, "peagle")
 
 
 def test_its_keys_are_its_own_and_its_k_is_bounded_by_its_depths():

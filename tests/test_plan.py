@@ -14,7 +14,7 @@ import yaml
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
-from eagle3_pipeline.model_shape import param_counts
+from eagle3_pipeline.plan.model_shape import param_counts
 
 from smkcli import REPO, parse_jobs, snakemake
 

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from eagle3_pipeline import prompts
-from eagle3_pipeline.fileio import iter_jsonl, read_json, sha256_file
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json, sha256_file
 
 SHAREGPT_RECORDS = 17_671
 SHAREGPT_UNIQUE_FIRST_TURNS = 10_318

@@ -11,7 +11,8 @@ import copy
 
 import pytest
 
-from eagle3_pipeline import reasoning, synth
+from eagle3_pipeline.synth import check as reasoning
+from eagle3_pipeline.synth import stage as synth
 
 CHATML_USER = "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
 
@@ -239,9 +240,9 @@ def test_the_failure_message_names_the_cause_and_how_to_go_on():
 
 
 def test_a_chat_template_override_is_served_and_part_of_the_targets_identity(tmp_path, target_json):
-    from eagle3_pipeline import target as target_lib
     from eagle3_pipeline.config import validate
-    from eagle3_pipeline.serving import spec_for_target
+    from eagle3_pipeline.engine.spec import spec_for_target
+    from eagle3_pipeline.target import stage as target_lib
 
     template = tmp_path / "thinking.jinja"
     template.write_text(R1_LIKE)
@@ -259,7 +260,7 @@ def test_a_chat_template_override_is_served_and_part_of_the_targets_identity(tmp
 
 
 def test_a_parser_the_check_cannot_use_fails_before_any_answer(target_json):
-    from eagle3_pipeline.target import load_info
+    from eagle3_pipeline.target.stage import load_info
 
     target = load_info(target_json)
     with pytest.raises(synth.SynthError, match=r"synth\.reasoning_parser='deepseek_r1'"):
@@ -274,8 +275,8 @@ def test_a_failed_check_keeps_the_answers_and_relaxing_it_asks_for_none(tmp_path
     import json
 
     from eagle3_pipeline.config import validate
-    from eagle3_pipeline.fileio import iter_jsonl, write_jsonl_zst
-    from eagle3_pipeline.target import copy_chat_template, load_info
+    from eagle3_pipeline.runtime.files import iter_jsonl, write_jsonl_zst
+    from eagle3_pipeline.target.stage import copy_chat_template, load_info
 
     template_file = tmp_path / "r1.jinja"
     template_file.write_text(R1_LIKE)

@@ -9,9 +9,11 @@ import os
 
 import pytest
 
-from eagle3_pipeline import bench, extract, shards, synth
+from eagle3_pipeline import bench, extract
 from eagle3_pipeline.bench import cache, measure, stage
-from eagle3_pipeline.fileio import read_json, write_json
+from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_pipeline.synth import stage as synth
 
 from conftest import default_config
 

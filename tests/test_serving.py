@@ -1,7 +1,8 @@
-"""What a vLLM server computes with is decided in eagle3_pipeline.serving, a logic module: an edit
-there re-runs the stages that serve the target. An infrastructure module (MODULE_ROLES) may pass
-such a setting on, never decide it: an edit to one re-runs nothing, so a decision there would
-change every output while the finished stages stayed done."""
+"""What a vLLM server computes with is decided in eagle3_pipeline.engine.spec, a logic module:
+an edit there re-runs the stages that serve the target. An infrastructure module
+(staleness.code.role) may pass such a setting on, never decide it: an edit to one re-runs
+nothing, so a decision there would change every output while the finished stages stayed
+done."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.serving import ServerSpec, served_dtype, spec_from_config
-from eagle3_pipeline.workflow import INFRASTRUCTURE, LOGIC, MODULE_ROLES, logic_modules, module_file
+from eagle3_pipeline.engine.spec import ServerSpec, served_dtype, spec_from_config
+from eagle3_pipeline.staleness.code import (
+    INFRASTRUCTURE,
+    LOGIC,
+    library_modules,
+    logic_modules,
+    module_file,
+    role,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,11 +133,11 @@ def result_decisions(source: str) -> list[str]:
     return found
 
 
-INFRASTRUCTURE_MODULES = sorted(m for m, role in MODULE_ROLES.items() if role == INFRASTRUCTURE)
-# Infrastructure that names dtypes only to describe a checkpoint (the plan's bytes per value,
-# the dtype written into the config.json of a benchmark's random-weight model): no server is
-# configured from it, which the test below holds it to.
-SIZING_ONLY = {"dummy_models", "model_shape", "plan"}
+INFRASTRUCTURE_MODULES = sorted(m for m in library_modules() if role(m) == INFRASTRUCTURE)
+# Infrastructure that names dtypes only to describe a checkpoint (the plan's bytes per value
+# and its reading of a target's config.json): no server is configured from it, which the test
+# below holds it to.
+SIZING_ONLY = {"plan.model_shape", "plan"}
 
 
 @pytest.mark.parametrize("module", sorted(SIZING_ONLY))
@@ -141,7 +149,9 @@ def test_sizing_modules_configure_no_server(module):
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert not {"server", "serving", "vllm"} & {name.rsplit(".", 1)[-1] for name in imported}
+    assert not {"server", "spec", "engine", "vllm"} & {
+        part for name in imported for part in name.split(".")
+    }
     flags = [
         n.value
         for n in ast.walk(ast.parse(source))
@@ -156,7 +166,7 @@ def test_sizing_modules_configure_no_server(module):
 def test_no_infrastructure_module_decides_what_a_server_computes(module):
     assert result_decisions(module_file(module).read_text()) == [], (
         f"eagle3_pipeline.{module} is infrastructure (an edit to it re-runs nothing) but decides "
-        "a setting that changes a vLLM server's outputs: decide it in eagle3_pipeline.serving "
+        "a setting that changes a vLLM server's outputs: decide it in eagle3_pipeline.engine.spec "
         "(logic) or in a config key, and pass it in"
     )
 
@@ -224,13 +234,13 @@ def test_the_cpu_serves_float32_where_the_config_says_auto():
     assert spec_from_config(default, "m").dtype == "float32"
 
 
-def test_the_stages_that_serve_the_target_depend_on_serving():
-    """serving is logic and every stage that starts a server imports it: an edit to it re-runs
-    them (server.py, infrastructure, is a boundary of a stage's code)."""
-    assert MODULE_ROLES["serving"] == LOGIC
-    assert MODULE_ROLES["server"] == INFRASTRUCTURE
+def test_the_stages_that_serve_the_target_depend_on_the_engine_spec():
+    """engine.spec is logic and every stage that starts a server imports it: an edit to it
+    re-runs them (the server package, infrastructure, is a boundary of a stage's code)."""
+    assert role("engine.spec") == LOGIC
+    assert role("server") == INFRASTRUCTURE
     for script in ("synth", "extract", "bench"):
-        assert "serving" in logic_modules(REPO / "workflow_scripts" / f"{script}.py"), script
+        assert "engine.spec" in logic_modules(REPO / "workflow_scripts" / f"{script}.py"), script
 
 
 @pytest.mark.server

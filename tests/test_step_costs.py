@@ -1,4 +1,4 @@
-"""The projection math of eagle3_pipeline.step_costs and the shapes of dummy_models."""
+"""The projection math of eagle3_lab.step_costs and the shapes of dummy_models."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eagle3_pipeline import dummy_models, step_costs
+from eagle3_lab import dummy_models, step_costs
 
 
 def test_speedup_formula_by_hand():

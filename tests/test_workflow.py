@@ -23,6 +23,8 @@ import yaml
 
 from smkcli import REPO, STAGES, copy_repo, downstream, env_for, job_names, plan, snakemake
 
+SRC = REPO / "src"
+
 DEFAULT_CONFIG = str(REPO / "config" / "config.yaml")
 CUDA_TP8 = "vllm={device: cuda, tensor_parallel_size: 8}"
 
@@ -509,18 +511,31 @@ def test_every_config_key_is_classified():
     assert result | set(OPERATIONAL_KEYS) == keys
 
 
-def test_every_library_module_is_classified():
-    """Logic or infrastructure (workflow.MODULE_ROLES): a new module is classified on purpose."""
-    from eagle3_pipeline.workflow import MODULE_ROLES, library_modules
+def test_a_modules_role_follows_its_folder():
+    """Logic unless in an infrastructure package (staleness.code.INFRASTRUCTURE_PACKAGES): no
+    list of modules to keep, and no flat module beside the packages but the shared statistics."""
+    from eagle3_pipeline.staleness.code import (
+        INFRASTRUCTURE,
+        INFRASTRUCTURE_PACKAGES,
+        LOGIC,
+        library_modules,
+        role,
+    )
 
-    assert set(library_modules()) == set(MODULE_ROLES)
+    modules = library_modules()
+    assert role("server.guard") == INFRASTRUCTURE and role("config.schema") == INFRASTRUCTURE
+    assert role("hidden_states.connector") == LOGIC and role("engine.spec") == LOGIC
+    assert {m.split(".")[0] for m in modules} >= set(INFRASTRUCTURE_PACKAGES)
+    package = SRC / "eagle3_pipeline"
+    flat = {m for m in modules if "." not in m and not (package / m / "__init__.py").is_file()}
+    assert flat == {"__init__", "stats"}, flat
 
 
 def code_closures(repo: Path) -> dict[str, list[str]]:
     """Per workflow script, the logic modules its code hash covers (workflow.logic_modules)."""
     prog = (
         "import json, sys; from pathlib import Path; "
-        "from eagle3_pipeline.workflow import logic_modules; "
+        "from eagle3_pipeline.staleness.code import logic_modules; "
         "print(json.dumps({p.stem: list(logic_modules(p)) for p in "
         "sorted((Path(sys.argv[1]) / 'workflow_scripts').glob('*.py'))}))"
     )
@@ -606,12 +621,13 @@ def test_logic_edit_replans_importing_stages_and_downstream(done_copy):
 
 
 def test_infrastructure_edit_reruns_nothing(done_copy):
-    """server.py decides how servers run, not what a stage computes: a real code change in it
-    re-runs nothing (a forced re-run would cost seconds: the stages reuse their work)."""
-    from eagle3_pipeline.workflow import INFRASTRUCTURE, MODULE_ROLES
+    """The server package decides how servers run, not what a stage computes: a real code
+    change in it re-runs nothing (a forced re-run would cost seconds: the stages reuse their
+    work)."""
+    from eagle3_pipeline.staleness.code import INFRASTRUCTURE, role
 
-    assert MODULE_ROLES["server"] == INFRASTRUCTURE
-    with edited(done_copy / "src" / "eagle3_pipeline" / "server.py", real_change):
+    assert role("server") == INFRASTRUCTURE
+    with edited(done_copy / "src" / "eagle3_pipeline" / "server" / "__init__.py", real_change):
         out = snakemake("-n", repo=done_copy).output
     assert "Nothing to be done" in out, out
 
@@ -624,7 +640,7 @@ def test_script_edit_replans_that_stage_and_downstream(done_copy):
 
 
 def test_code_fingerprint_sees_code_only(tmp_path):
-    from eagle3_pipeline.workflow import code_fingerprint
+    from eagle3_pipeline.staleness.code import code_fingerprint
 
     def fp(name: str, text: str) -> str:
         path = tmp_path / f"{name}.py"
@@ -641,11 +657,11 @@ def test_code_fingerprint_sees_code_only(tmp_path):
 def test_infrastructure_is_a_boundary_of_a_stages_code():
     """config imports the train stage's CPU/GPU rule for its checks; that does not make every
     script that reads the config depend on training code."""
-    from eagle3_pipeline.workflow import logic_modules
+    from eagle3_pipeline.staleness.code import logic_modules
 
-    config_imports = (REPO / "src" / "eagle3_pipeline" / "config_checks.py").read_text()
-    assert "from .train" in config_imports
-    assert logic_modules(REPO / "workflow_scripts" / "target.py") == ("target",)
+    config_imports = (REPO / "src" / "eagle3_pipeline" / "config" / "checks.py").read_text()
+    assert "from ..train" in config_imports
+    assert logic_modules(REPO / "workflow_scripts" / "target.py") == ("target", "target.stage")
     assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == (
         "prompts",
         "prompts.rows",
@@ -654,7 +670,7 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
         "prompts.stage",
     )
     assert "train.entry" in logic_modules(REPO / "workflow_scripts" / "train.py")
-    assert "vllm_connector" in logic_modules(REPO / "workflow_scripts" / "extract.py")
+    assert "hidden_states.connector" in logic_modules(REPO / "workflow_scripts" / "extract.py")
 
 
 def test_the_workflow_profile_turns_off_the_script_mtime_trigger(done_copy):
@@ -786,16 +802,54 @@ def test_a_change_replans_the_methods_it_concerns(both_methods_done, tmp_path, c
     assert job_names(jobs) == sorted(expected)
 
 
-def test_diagnostics_stay_out_of_every_stage(tmp_path):
-    """eagle3_pipeline.diagnostics (the drafter replay, run from lab/) is used by no rule: no
-    stage's code hash covers it, and a stage script importing it fails its plan."""
-    from eagle3_pipeline.workflow import DIAGNOSTIC, MODULE_ROLES, logic_modules
+@pytest.fixture(scope="module")
+def methods_repo_done(tmp_path_factory):
+    """A copy of the repository with a finished (--touch) run of METHODS_AND_VARIANT."""
+    import yaml
 
-    assert MODULE_ROLES["diagnostics"] == DIAGNOSTIC
-    assert MODULE_ROLES["diagnostics.replay"] == DIAGNOSTIC
+    repo = copy_repo(tmp_path_factory.mktemp("methods-repo"))
+    both = repo / "both.yaml"
+    both.write_text(yaml.safe_dump(METHODS_AND_VARIANT))
+    mark_done(repo, "--configfile", str(both))
+    return repo, both
+
+
+@pytest.mark.parametrize(
+    "module, expected",
+    [
+        # DFlash's own module: DFlash's jobs and its variant's (same method), no EAGLE-3 job
+        ("dflash.py", [*DFLASH, *B4, "report"]),
+        ("eagle3.py", [*EAGLE3, "report"]),
+        # a method no drafter of this run uses: nothing
+        ("peagle.py", []),
+        # what every method shares: every drafter
+        ("base.py", [*DFLASH, *B4, *EAGLE3, "report"]),
+    ],
+)
+def test_a_code_edit_in_one_method_replans_its_drafters_only(methods_repo_done, module, expected):
+    """An edit to one method's module re-runs the train and bench jobs of that method's
+    drafters (and the report that shows them), no other method's: each job's code hash covers
+    the method it trains or serves and the shared base (staleness.code.logic_modules)."""
+    repo, both = methods_repo_done
+    assert plan("--configfile", str(both), repo=repo) == []
+    path = repo / "src" / "eagle3_pipeline" / "methods" / module
+    with edited(path, real_change):
+        jobs = plan("--configfile", str(both), repo=repo)
+    assert job_names(jobs) == sorted(expected)
+    assert all(j.reason.startswith("Params have changed") for j in jobs if j.rule == "train")
+
+
+def test_the_lab_package_stays_out_of_every_stage(tmp_path):
+    """eagle3_lab (the instruments of benchmarks/ and lab/: rounds, step costs, the drafter
+    replay) is used by no rule: no library module imports it, and a stage script importing it
+    fails its plan."""
+    from eagle3_pipeline.staleness.code import LabImportError, _imported_modules, logic_modules
+
+    for path in (SRC / "eagle3_pipeline").rglob("*.py"):
+        _imported_modules(path)  # raises LabImportError for a module importing eagle3_lab
     for script in sorted((REPO / "workflow_scripts").glob("*.py")):
-        assert not [m for m in logic_modules(script) if m.startswith("diagnostics")], script
+        logic_modules(script, None)  # raises if a stage reached the lab package
     bad = tmp_path / "bad_stage.py"
-    bad.write_text("from eagle3_pipeline.diagnostics import walk\n")
-    with pytest.raises(ValueError, match="imports the diagnostic module 'diagnostics"):
+    bad.write_text("from eagle3_lab.diagnostics import walk\n")
+    with pytest.raises(LabImportError, match=r"imports eagle3_lab\.diagnostics"):
         logic_modules(bad)

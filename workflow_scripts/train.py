@@ -1,7 +1,7 @@
 """Rule `train`: one method's drafter with speculators (logic: eagle3_pipeline.train)."""
 
 from eagle3_pipeline import train
-from eagle3_pipeline.config import job_section, stage_gpus
+from eagle3_pipeline.config import stage_gpus, train_job_section
 from eagle3_pipeline.runtime import run_job
 
 run_job(
@@ -15,7 +15,7 @@ run_job(
         drafter_dir=o.config.rsplit("/", 1)[0],
         metrics_out=o.metrics,
         plot_out=o.plot,
-        cfg=job_section(snakemake.config, p.config, "train"),
+        cfg=train_job_section(snakemake.config, p.config),
         work_dir=p.work_dir,
         log_path=log,
     ),

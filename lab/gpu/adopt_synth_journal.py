@@ -25,7 +25,7 @@ import yaml
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import synth
-from eagle3_pipeline.fileio import iter_jsonl
+from eagle3_pipeline.runtime.files import iter_jsonl
 from eagle3_pipeline.target import load_info
 
 

@@ -17,7 +17,7 @@ ROOT = "process 1:python;<module> (x.py:1);main (x.py:2)"
 ONE = "Extractor.run.<locals>.one (eagle3_pipeline/extract/client.py:150)"
 LINES = [
     # a plain-JSON request, its HTTP inside the coroutine
-    f"{ROOT};{ONE};_post_json (eagle3_pipeline/client.py:80) 40",
+    f"{ROOT};{ONE};_post_json (eagle3_pipeline/server/client.py:80) 40",
     # the typed route's transform, and the rest of that route
     f"{ROOT};{ONE};typed_request (x.py:3);_transform (openai/_utils/_transform.py:9) 70",
     f"{ROOT};{ONE};typed_request (x.py:3);post (openai/_base_client.py:9) 30",

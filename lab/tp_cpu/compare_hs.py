@@ -31,10 +31,10 @@ def main() -> int:
     from datasets import load_from_disk
     from safetensors.torch import load_file
 
-    from eagle3_pipeline import shards
-    from eagle3_pipeline.fileio import read_json
+    from eagle3_pipeline.hidden_states import shards
+    from eagle3_pipeline.hidden_states.checks import NextTokenProbe
+    from eagle3_pipeline.runtime.files import read_json
     from eagle3_pipeline.target import load_info
-    from eagle3_pipeline.verify import NextTokenProbe
 
     a, b = Path(args.a), Path(args.b)
     ma, mb = read_json(a / "part.json"), read_json(b / "part.json")

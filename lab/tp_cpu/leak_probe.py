@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 CONNECTORS = {
-    "pipeline": ("PipelineHiddenStatesConnector", "eagle3_pipeline.vllm_connector"),
+    "pipeline": ("PipelineHiddenStatesConnector", "eagle3_pipeline.hidden_states.connector"),
     "no_override": ("NoOverrideConnector", "no_override_connector"),
 }
 
@@ -72,9 +72,9 @@ def main() -> int:
 
     from datasets import load_from_disk
 
-    from eagle3_pipeline import client as client_lib
     from eagle3_pipeline import config, extract
     from eagle3_pipeline.server import VllmServer
+    from eagle3_pipeline.server import client as client_lib
     from eagle3_pipeline.target import load_info
 
     cfg = config.load(args.config)

@@ -2,7 +2,7 @@
 a connector without the override does under tensor parallelism. For leak_probe.py and the
 negative control of tests/test_tensor_parallel.py (no_override_plugin.py)."""
 
-from eagle3_pipeline.vllm_connector import PipelineHiddenStatesConnector
+from eagle3_pipeline.hidden_states.connector import PipelineHiddenStatesConnector
 
 
 class NoOverrideConnector(PipelineHiddenStatesConnector):

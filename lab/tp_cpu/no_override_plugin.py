@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _no_override_connector(monkeypatch):
-    from eagle3_pipeline.extract import plan  # where server_spec reads them
+    from eagle3_pipeline.extract import capture as plan  # where server_spec reads them
 
     monkeypatch.setattr(plan, "CONNECTOR", "NoOverrideConnector")
     monkeypatch.setattr(plan, "CONNECTOR_MODULE", "no_override_connector")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RESULT_KEYS
-from ..fileio import iter_jsonl, read_json, sha256_file, stable_hash, write_json
+from ..runtime.files import iter_jsonl, read_json, sha256_file, stable_hash, write_json
 from .measure import bench_rounds
 
 log = logging.getLogger(__name__)

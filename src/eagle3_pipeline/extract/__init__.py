@@ -15,10 +15,9 @@ and redoes the rest; a change of inputs or parameters discards the part's shards
 - :mod:`.stage`: one part (:func:`run_part`), the thresholds, and :func:`gather`.
 """
 
-from ..verify import NextTokenProbe
+from ..hidden_states.checks import NextTokenProbe
 from .book import REUSE, ShardBook, intact, reset_layout, shard_entries, to_pool
-from .client import Extractor
-from .plan import (
+from .capture import (
     BYTES_PER_VALUE,
     CAPTURE_FORMAT,
     CONNECTOR,
@@ -33,6 +32,7 @@ from .plan import (
     sample_bytes,
     server_spec,
 )
+from .client import Extractor
 from .stage import enforce, gather, maybe_reference, run_part
 
 __all__ = [

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .. import shards
-from ..fileio import AppendLog, read_json, sha256_bytes, write_json
+from ..hidden_states import shards
+from ..runtime.files import AppendLog, read_json, sha256_bytes, write_json
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import client as client_lib
+from ..hidden_states.checks import NextTokenProbe, VerificationError
 from ..runtime import Progress, for_each
-from ..verify import NextTokenProbe, VerificationError
+from ..server import client as client_lib
 from .book import ShardBook
-from .plan import ExtractError
+from .capture import ExtractError
 from .validator import ProbeBatcher, Timings, take_sample, wait_written, written_now
 
 log = logging.getLogger(__name__)

@@ -9,16 +9,15 @@ import shutil
 import time
 from pathlib import Path
 
-from .. import shards
-from ..fileio import read_json, stable_hash, write_json
-from ..provenance import provenance
+from ..hidden_states import shards
+from ..hidden_states.checks import NextTokenProbe, model_fits, reference_errors
 from ..runtime import Progress
+from ..runtime.files import read_json, stable_hash, write_json
+from ..runtime.provenance import provenance
 from ..server import VllmServer
-from ..target import load_info
-from ..verify import NextTokenProbe, model_fits, reference_errors
+from ..target.stage import load_info
 from .book import REUSE, ShardBook, reset_layout, shard_entries
-from .client import Extractor
-from .plan import (
+from .capture import (
     ExtractError,
     capture_fingerprint,
     check_disk,
@@ -27,6 +26,7 @@ from .plan import (
     sample_bytes,
     server_spec,
 )
+from .client import Extractor
 
 log = logging.getLogger(__name__)
 

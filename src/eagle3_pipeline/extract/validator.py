@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import shards
-from ..fileio import sha256_bytes
-from ..verify import check_stored, probe_positions
-from .plan import row_key
+from ..hidden_states import shards
+from ..hidden_states.checks import check_stored, probe_positions
+from ..runtime.files import sha256_bytes
+from .capture import row_key
 
 
 @dataclass

@@ -58,22 +58,6 @@ def chained_position_tau(pred: dict[str, Any], k: int) -> float | None:
     return chained_tau(acc, k)
 
 
-# ---- replay helpers (torch tensors in, no torch import here) ------------------------------------
-
-
-def to_target_ids(model, draft_ids):
-    """Draft-vocabulary ids -> target ids (speculators' d2t offsets: target = i + d2t[i])."""
-    d2t = getattr(model, "d2t", None)
-    return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
-
-
-def top_margins(logits):
-    """(top-1 target ids, top-1 minus top-2 logit) per row: how close a proposal was to a
-    tie, for judging a disagreement with vLLM."""
-    top = logits.topk(2, dim=-1)
-    return top.indices[..., 0], top.values[..., 0] - top.values[..., 1]
-
-
 class Method:
     """One drafter method. A subclass sets the class attributes and implements the methods
     that raise ``NotImplementedError``; the rest has defaults most methods keep."""
@@ -209,7 +193,7 @@ class Method:
 
     def drafter_checks(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[Check]]:
         """This method's own facts and checks on a drafter's config.json (the shared ones are
-        :mod:`eagle3_pipeline.consistency`'s)."""
+        :mod:`eagle3_pipeline.methods.consistency`'s)."""
         return {}, []
 
     def configured_checks(self, facts: dict[str, Any], configured: dict[str, Any]) -> list[Check]:
@@ -237,33 +221,3 @@ class Method:
     def shape(self, trainer: dict[str, Any]) -> str:
         """The drafter's shape in a few words, from its trainer fields (the report's)."""
         return f"{trainer.get('num_layers')} layer(s)"
-
-    # ---- replay (eagle3_pipeline.diagnostics): speculators' model run as it was trained -------
-
-    def model_classes(self) -> tuple[type, type]:
-        """speculators' (draft model class, config class) of this method (imported here)."""
-        raise NotImplementedError
-
-    def proposals(
-        self, model, aux, ids, anchors, k: int, block: int | None = None
-    ) -> tuple[list[list[int]], list[list[float]]]:
-        """The drafter's ``k`` proposals (target ids) from every anchor position of ``ids``
-        (``aux``: the aux hidden states of ``ids``) and each proposal's top-1 minus top-2
-        logit margin; ``block``: the query block of a block drafter."""
-        raise NotImplementedError
-
-    def served_block(self, k: int) -> int | None:
-        """The query block vLLM builds at ``k`` (None: not a block drafter)."""
-        return None
-
-    def proposal_sets(
-        self, model, config: dict[str, Any], aux, ids, first_output: int, ks: list[int]
-    ) -> dict[int | None, list[list[int]]]:
-        """Proposals from every output position per query block: one set (``None``) at the
-        largest k (the first k' drafts of an autoregressive drafter are its k'-draft ones)."""
-        anchors = list(range(first_output, len(ids)))
-        return {None: self.proposals(model, aux, ids, anchors, max(ks))[0]}
-
-    def replay_blocks(self, k: int, by_block: dict[int | None, Any]) -> list[int | None]:
-        """The query blocks replayed at ``k`` (of :meth:`proposal_sets`)."""
-        return [None]

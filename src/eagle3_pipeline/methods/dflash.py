@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import Check, Method, chained_position_tau, to_target_ids, top_margins
+from .base import Check, Method, chained_position_tau
 
 # speculators' DFlash recipe (cross-entropy with D-PACE position weights): fixed here so that
 # the job file and the training fingerprint say what DFlash trains with (train.dflash.extra_args
@@ -193,76 +193,6 @@ class DFlash(Method):
             for k in ks
             if k < block - 1
         ]
-
-    def model_classes(self) -> tuple[type, type]:
-        from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
-
-        return DFlashDraftModel, DFlashSpeculatorConfig
-
-    def proposals(
-        self, model, aux, ids, anchors, k: int, block: int | None = None, chunk: int = 64
-    ) -> tuple[list[list[int]], list[list[float]]]:
-        """The DFlash drafter's ``k`` proposals (target ids) from every anchor position, and each
-        proposal's top-1 minus top-2 logit margin.
-
-        ``aux``: ``[len(ids), layers * hidden]`` aux hidden states (the drafter's layers, in order),
-        ``ids``: the token ids, ``anchors``: absolute positions (the anchor token is ``ids[p]``, the
-        context the positions before it). One ``_backbone_forward`` of speculators' model per
-        ``chunk`` anchors (anchors are independent: each query block sees only its own block and
-        the positions before its anchor), with a loss mask that selects exactly these anchors.
-        ``block``: the query block (anchor + mask tokens); default the trained block size; vLLM
-        builds k + 1."""
-        import torch
-
-        trained = int(model.block_size)
-        block = trained if block is None else int(block)
-        if not 1 <= k <= block - 1:
-            raise ValueError(f"k = {k} does not fit a block of {block}")
-        n = len(ids)
-        width = aux.shape[-1]
-        hidden = torch.zeros(1, n + block, width, dtype=torch.float32)
-        hidden[0, :n] = aux.float()
-        tokens = torch.zeros(1, n + block, dtype=torch.long)
-        tokens[0, :n] = torch.tensor(list(ids))
-        verifier_last = torch.zeros(1, n + block, model.hidden_size, dtype=torch.float32)
-        docs = torch.zeros(1, n + block, dtype=torch.long)
-        proposals: list[list[int]] = []
-        margins: list[list[float]] = []
-        model.block_size = block
-        try:
-            for start in range(0, len(anchors), chunk):
-                part = list(anchors[start : start + chunk])
-                loss_mask = torch.zeros(1, n + block, dtype=torch.long)
-                loss_mask[0, part] = 1
-                _, logits, _, _, _ = model._backbone_forward(
-                    hidden, tokens, loss_mask, verifier_last, docs, max_anchors=len(part)
-                )
-                top, margin = top_margins(logits[0].view(len(part), block, -1)[:, 1 : k + 1])
-                proposals += to_target_ids(model, top).tolist()
-                margins += margin.tolist()
-        finally:
-            model.block_size = trained
-        return proposals, margins
-
-    def served_block(self, k: int) -> int | None:
-        return k + 1
-
-    def proposal_sets(
-        self, model, config: dict[str, Any], aux, ids, first_output: int, ks: list[int]
-    ) -> dict[int | None, list[list[int]]]:
-        """With its trained block (all ``block - 1`` slots) and, for each k below that, with
-        the ``k + 1`` queries vLLM builds."""
-        anchors = list(range(first_output, len(ids)))
-        block = int(config["block_size"])
-        out = {block: self.proposals(model, aux, ids, anchors, block - 1, block)[0]}
-        for k in ks:
-            if k + 1 not in out:
-                out[k + 1] = self.proposals(model, aux, ids, anchors, k, k + 1)[0]
-        return out
-
-    def replay_blocks(self, k: int, by_block: dict[int | None, Any]) -> list[int | None]:
-        """As served (k + 1 queries) and as trained (the largest block)."""
-        return sorted({k + 1, max(b for b in by_block if b is not None)})
 
     def shape(self, trainer: dict[str, Any]) -> str:
         return f"{trainer['num_layers']} Qwen3 layers, block {trainer['block_size']}"

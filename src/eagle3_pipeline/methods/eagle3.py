@@ -7,82 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Check, Method, chained_tau, to_target_ids, top_margins
-
-
-def eagle3_drafts(model, hidden, input_ids, steps: int, feed: str = "own"):
-    """EAGLE-3's TTT recurrence over every row at once, with the model's own modules and masks
-    (``Eagle3DraftModel.forward``): row r is the aux hidden state of position r with the token
-    at r + 1 (speculators' ``shift_batch``), positions 1 + r; step j of a row attends to step 0
-    of every row up to it and to its own earlier steps. ``feed="own"`` gives step j the target
-    id of the row's step j - 1 prediction (vLLM's proposer); ``"teacher"`` the true token, as
-    speculators' forward does in training and validation. Returns ``(draft ids, margins)``,
-    each ``[rows, steps]`` (draft-vocabulary ids)."""
-    import torch
-    from speculators.models.eagle3.attention import (
-        extend_dense_mask_for_draft_tokens,
-        extend_mask_for_draft_tokens,
-    )
-    from transformers import DynamicCache
-
-    if feed not in ("own", "teacher"):
-        raise ValueError(f"feed must be 'own' or 'teacher', got {feed!r}")
-    rows = hidden.shape[1]
-    device = hidden.device
-    position_ids = 1 + torch.arange(rows, dtype=torch.long, device=device).unsqueeze(0)
-    cache = DynamicCache()
-    docs = torch.zeros(rows, dtype=torch.long, device=device)
-    full = model._build_attn_mask(docs, rows, device) if model.uses_full_attn else None
-    sliding = (
-        model._build_attn_mask(docs, rows, device, model.sliding_window)
-        if model.uses_sliding_window_attn
-        else None
-    )
-    h = hidden
-    if model.input_norm is not None:
-        h = model.input_norm(h)
-    if model.fc_norm is not None:
-        chunks = h.chunk(len(model.fc_norm), dim=-1)
-        h = torch.cat([norm(c) for norm, c in zip(model.fc_norm, chunks, strict=True)], dim=-1)
-    h = model.fc(h)
-    original = input_ids.clone()
-    ids = input_ids
-    drafts, margins = [], []
-    for step in range(steps):
-        embeds = model.embed_tokens(ids)
-        cache_position = torch.arange(step * rows, (step + 1) * rows, device=device)
-        h = torch.cat([embeds, h], dim=-1)
-        position_embeddings = model.rotary_emb(h, position_ids)
-        for index, layer in enumerate(model.layers):
-            h = layer(
-                h,
-                attention_mask=sliding if index in model.sliding_window_indices else full,
-                position_ids=position_ids,
-                past_key_values=cache,
-                cache_position=cache_position,
-                position_embeddings=position_embeddings,
-            )
-        if model.config.norm_output:
-            h = model.norm(h)
-            logits = model.lm_head(h)
-        else:
-            logits = model.lm_head(model.norm(h))
-        top, margin = top_margins(logits)
-        drafts.append(top)
-        margins.append(margin)
-        if feed == "own":
-            ids = to_target_ids(model, top)
-        else:
-            ids = torch.cat([original[:, 1 + step :], original.new_zeros(1, 1 + step)], dim=-1)
-        extend = (
-            extend_mask_for_draft_tokens
-            if model._attn_impl == "simple_flex_attention"
-            else lambda m: extend_dense_mask_for_draft_tokens(m, rows)
-        )
-        full = extend(full) if full is not None else None
-        sliding = extend(sliding) if sliding is not None else None
-        position_ids = position_ids + 1
-    return torch.stack(drafts, dim=-1)[0], torch.stack(margins, dim=-1)[0]
+from .base import Check, Method, chained_tau
 
 
 class Eagle3(Method):
@@ -144,27 +69,6 @@ class Eagle3(Method):
                 f"{facts['norm_output']} differ from the config's",
             )
         ]
-
-    def model_classes(self) -> tuple[type, type]:
-        from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
-        return Eagle3DraftModel, Eagle3SpeculatorConfig
-
-    def proposals(
-        self, model, aux, ids, anchors, k: int, block: int | None = None, feed: str = "own"
-    ) -> tuple[list[list[int]], list[list[float]]]:
-        """The EAGLE-3 drafter's ``k`` proposals (target ids) from every anchor position ``p``
-        (the anchor token ``ids[p]`` with the hidden state of ``p - 1``: row ``p - 1``), and each
-        proposal's top-1 minus top-2 logit margin."""
-        import torch
-
-        if any(p < 1 for p in anchors):
-            raise ValueError("an EAGLE-3 anchor needs the hidden state of the position before it")
-        hidden = aux[:-1].float().unsqueeze(0)
-        tokens = torch.tensor(list(ids)[1:]).unsqueeze(0)
-        drafts, margins = eagle3_drafts(model, hidden, tokens, k, feed)
-        rows = [p - 1 for p in anchors]
-        return to_target_ids(model, drafts[rows]).tolist(), margins[rows].tolist()
 
     def loss_label(self, n: int) -> str:
         return f"loss (sum over {n} TTT steps)"

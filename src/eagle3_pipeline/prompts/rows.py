@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fileio import stable_hash
+from ..runtime.files import stable_hash
 
 ROLES = ("system", "user", "assistant")
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import source_name
-from ..fileio import sha256_bytes
+from ..runtime.files import sha256_bytes
 from .rows import Malformed, dedupe_key, normalize_row, problem, user_turn_prefixes
 from .sources import read_source
 

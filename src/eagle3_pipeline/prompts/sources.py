@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fileio import iter_lines, sha256_file
+from ..runtime.files import iter_lines, sha256_file
 from .rows import Malformed
 
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from ..config import HELDOUT_SET, source_name
-from ..fileio import write_json, write_jsonl
-from ..provenance import provenance
+from ..runtime.files import write_json, write_jsonl
+from ..runtime.provenance import provenance
 from .rows import validate_row
 from .selection import BAD_REASONS, collect, new_counts, split_heldout
 

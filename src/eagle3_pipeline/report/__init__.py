@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..fileio import atomic_path, read_json
+from ..runtime.files import atomic_path, read_json
 from .plots import plot_bench
 from .render import render_html, render_markdown
 from .sections import sections

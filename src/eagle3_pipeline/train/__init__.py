@@ -20,7 +20,7 @@ Before each launch torn checkpoints (a kill during a save) are removed, so specu
 from the last complete one. After training the best checkpoint (lowest validation loss) is
 exported to ``drafter_dir`` with the verifier path made absolute (.export), and
 ``metrics.json`` (per-epoch losses and per-TTT-step accuracies, throughput, resume history,
-train/serve consistency record from :mod:`eagle3_pipeline.consistency`) and ``loss.png``
+train/serve consistency record from :mod:`eagle3_pipeline.methods.consistency`) and ``loss.png``
 (.plot) are written.
 """
 

@@ -7,7 +7,7 @@
 ``JOB.json`` (written by :func:`eagle3_pipeline.train.run`) holds the flat speculators
 ``TrainConfig`` fields, the hidden-states backend args and where to write metric records. The
 process applies :func:`apply_bridges`, registers our hidden-states backend
-(:mod:`eagle3_pipeline.hs_backend`), attaches file loggers and calls
+(:mod:`eagle3_pipeline.hidden_states.dataset`), attaches file loggers and calls
 ``speculators.train.cli.main(TrainConfig)``: the model, dataset, loss, checkpointing and resume
 logic are speculators' own; there is no second training loop. ``--stock`` resolves the config
 from stock ``speculators train`` flags instead (used by the throughput benchmark to compare with
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.fileio import AppendLog
+from eagle3_pipeline.runtime.files import AppendLog
 
 log = logging.getLogger("eagle3_pipeline.train.entry")  # __name__ is __main__ under -m
 
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(writer, rank)
 
     bridges = apply_bridges()
-    from eagle3_pipeline import hs_backend
+    from eagle3_pipeline.hidden_states import dataset as hs_backend
 
     hs_backend.register()
     if stock_argv is not None:

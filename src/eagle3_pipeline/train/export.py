@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..fileio import atomic_path
+from ..runtime.files import atomic_path
 
 
 def export_checkpoint(ckpt: Path, drafter_dir: Path, verifier_path: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..fileio import read_json, sha256_file, sha256_tree, stable_hash, write_json
-from ..workflow import modules_hash
+from ..runtime.files import read_json, sha256_file, sha256_tree, stable_hash, write_json
+from ..staleness.code import modules_hash
 from .checkpoints import CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,12 @@ PATHS = frozenset({"verifier_name_or_path", "data_path", "d2t_path", "t2d_path"}
 # process and how it reads the data (an edit to export, metrics or plots only re-exports). What
 # a method module decides for training is all in the trainer fields (``params``), so an edit to
 # a method's labels, checks or predictions re-exports without retraining.
-TRAINING_CODE = ("train.trainer_config", "train.entry", "hs_backend", "shards")
+TRAINING_CODE = (
+    "train.trainer_config",
+    "train.entry",
+    "hidden_states.dataset",
+    "hidden_states.shards",
+)
 # What identifies the hidden states in their manifest (eagle3_pipeline.extract.gather).
 HIDDEN_STATES_KEYS = ("samples_sha256", "num_samples", "layer_ids", "storage", "hidden_size")
 

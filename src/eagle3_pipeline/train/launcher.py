@@ -10,16 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import server_guard
+from ..server import guard as server_guard
 
 log = logging.getLogger(__name__)
 
 
 def _training_process_modules() -> None:
     """Never called. The training process runs these modules in a subprocess; importing them
-    here puts them into the train rule's code hash (workflow.code_hash), so an edit to either
+    here puts them into the train rule's code hash (staleness.code.code_hash), so an edit to either
     re-runs the stage."""
-    from .. import hs_backend  # noqa: F401
+    from ..hidden_states import dataset as hs_backend  # noqa: F401
     from . import entry  # noqa: F401
 
 

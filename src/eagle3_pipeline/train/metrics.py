@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import methods
-from ..fileio import AppendLog
+from ..runtime.files import AppendLog
 from ..stats import median
 
 METRICS_FORMAT = "eagle3-pipeline/train-metrics@1"

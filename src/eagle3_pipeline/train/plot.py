@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import methods
-from ..fileio import atomic_path
+from ..runtime.files import atomic_path
 
 
 def plot(metrics: dict[str, Any], records: list[dict[str, Any]], out: str | Path) -> None:

