@@ -105,10 +105,17 @@ def test_the_anchor_rule_follows_github():
 
 
 # Words about how the project was made, not about what it does: the user documentation
-# (README.md, docs/) has none. The pattern is that of
-# `grep -riE "session|lease|lent |brought home|the issue" README.md docs/`, so it also
-# finds "release" or "equivalent ": reword those too, the grep is then clean.
-MAKING_OF = re.compile(r"session|lease|lent |brought home|the issue|\bbudget", re.IGNORECASE)
+# (README.md, docs/) has none. Besides the words of the project's machinery (sessions, leases,
+# budgets, allotments, "the issue") the pattern finds those of moving figures off a GPU host
+# ("copied off", "did not come home", "brought home", a journal "adopted", "host steps", "within
+# one 30-minute host"). "lease" also finds "release" and "lent " finds "equivalent ": reword
+# those too. lab/ keeps the record of how figures were made and is not checked.
+MAKING_OF = re.compile(
+    r"session|lease|lent |brought home|the issue|\bbudget|\ballot"
+    r"|\bcop(?:y|ied|ies|ying) off\b|\b(?:come|came|coming) home\b|\badopt"
+    r"|\bhost steps?\b|\d+-minute host",
+    re.IGNORECASE,
+)
 USER_DOCS = sorted([REPO / "README.md", *REPO.glob("docs/*.md")])
 
 
@@ -127,11 +134,64 @@ def test_the_user_docs_say_nothing_about_how_the_project_was_made():
 def test_the_making_of_pattern_finds_its_words():
     lines = [
         "Measured in the GPU session of 3 December.",
+        "Over three sessions.",
         "The device Lease ran out.",
+        "Two leases later.",
         "A machine lent for an hour.",
         "Drafters brought home from the host.",
         "As the issue asked.",
         "Within the time budget.",
+        "Budgets of device time.",
+        "Within this allotment.",
+        "The time allotted to it.",
+        "The drafters, copied off the host, were served on the CPU.",
+        "Copy off the drafter as soon as it is trained.",
+        "Copying off the journals takes a minute.",
+        "Not measured: the prepared rows did not come home.",
+        "The journal came home in parts.",
+        "The synth journal of the earlier run, adopted: no answer asked for again.",
+        "The host steps eff_synth and eff_extract.",
+        "Its host step q_speed.",
+        "Data, trainings and rounds within one 30-minute host.",
     ]
     assert making_of("\n".join(lines)) == lines
-    assert making_of("The drafter is served by vLLM.\nAn issue tracker.") == []
+    product = [
+        "The drafter is served by vLLM.",
+        "An issue tracker.",
+        "On a GPU host with a package index.",
+        "An offline bundle for a host without an index.",
+        "Each step copies the hidden states off the GPU into pinned memory.",
+        "A 30-minute timeout; a home directory; the step's own loop.",
+        "The connector copies each request's states to the CPU.",
+    ]
+    assert making_of("\n".join(product)) == []
+
+
+# results.md states results: a figure is named by its file and command, not by the commit that
+# made it (a run's outputs record their revision), and the page stays short; superseded figures
+# live on results_history.md. A commit id is 7 to 40 hex digits with a digit and a letter; hashes
+# inside file names (`bench_eagle3_46463ef.json`) are no separate word and do not count.
+COMMIT_ID = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+RESULTS_PAGES = [REPO / "docs" / "results.md", REPO / "docs" / "results_history.md"]
+
+
+@pytest.mark.parametrize("page", RESULTS_PAGES, ids=lambda p: p.name)
+def test_the_results_pages_cite_no_commits(page):
+    hits = [line.strip() for line in page.read_text().splitlines() if COMMIT_ID.search(line)]
+    assert hits == [], hits
+
+
+def test_results_md_stays_short():
+    assert len((REPO / "docs" / "results.md").read_text().splitlines()) < 450
+
+
+def test_the_commit_pattern_finds_commits_only():
+    commits = ["Run at 0c76456 on an H200.", "(4cea71a row)", "revision 803db59-dirty"]
+    assert [c for c in commits if COMMIT_ID.search(c)] == commits
+    others = [
+        "`default_run/bench_eagle3_46463ef.json`",
+        "`default_run/full_run_e8cdefe.json`",
+        "1234567 tokens, 0.00235 error, 7e-5, 2,316 B a token",
+        "deadbeefcafe and facade: letters only",
+    ]
+    assert [o for o in others if COMMIT_ID.search(o)] == []
