@@ -29,3 +29,44 @@ def test_a_lab_script_loads(path, monkeypatch):
     monkeypatch.syspath_prepend(str(path.parent))  # as for a script: its neighbours import
     spec.loader.exec_module(module)  # definitions only: each runs main() under __main__
     assert callable(getattr(module, "main", None)), f"{path.name} has no main()"
+
+
+def pipeline_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every ``from eagle3_pipeline... import name`` in ``path``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eagle3_pipeline"):
+            found += [(node.module, a.name) for a in node.names]
+    return found
+
+
+def internal_imports(path: Path) -> list[str]:
+    """What ``path`` takes from the pipeline beyond its public API: a stage's job module
+    (``<stage>.stage``, which its package's ``__init__`` exports what others may use of) or a
+    private name."""
+    return [
+        f"{module}: {name}"
+        for module, name in pipeline_imports(path)
+        if module.endswith(".stage") or name == "stage" or name.startswith("_")
+    ]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_lab_script_uses_the_public_api(path):
+    assert internal_imports(path) == []
+
+
+def test_an_internal_import_is_found(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "from eagle3_pipeline.bench.stage import start_server\n"
+        "from eagle3_pipeline.target import stage as target\n"
+        "from eagle3_pipeline.bench import _private, start_server\n"
+    )
+    assert internal_imports(script) == [
+        "eagle3_pipeline.bench.stage: start_server",
+        "eagle3_pipeline.target: stage",
+        "eagle3_pipeline.bench: _private",
+    ]
