@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 # train.* keys every method reads (the method's own keys are under train.<name>).
 SHARED_TRAIN_KEYS = (
     "gpus",
+    "nodes",
     "fsdp",
     "epochs",
     "lr",

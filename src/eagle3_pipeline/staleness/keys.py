@@ -11,6 +11,18 @@ from .. import methods
 from ..config.schema import sort_keys
 from ..config.values import bench_chat_template_kwargs, bench_set_spec, speculative_tokens
 
+# What a synth answer depends on (and, for vllm.max_model_len, which prompts are rejected).
+SYNTH_ANSWER_KEYS = (
+    "synth.max_tokens",
+    "synth.temperature",
+    "synth.top_p",
+    "synth.seed",
+    "synth.reasoning_parser",
+    "synth.chat_template_kwargs",
+    "vllm.device",
+    "vllm.dtype",
+    "vllm.max_model_len",
+)
 BENCH_VLLM_KEYS = (
     "vllm.device",
     "vllm.dtype",
@@ -32,17 +44,11 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train", "prompts.heldout"),
     "prompts_bench": ("prompts.seed", "prompts.max_chars", "prompts.bench"),
-    "synth": (
-        "synth.max_tokens",
-        "synth.temperature",
-        "synth.top_p",
-        "synth.seed",
-        "synth.reasoning_parser",
-        "synth.chat_template_kwargs",
-        "vllm.device",
-        "vllm.dtype",
-        "vllm.max_model_len",
-    ),
+    # One job per part of the prompts (synth.jobs of them): which prompts a part answers
+    # depends on the number of parts; what an answer is does not (synth.stage.JOURNAL_KEYS).
+    "synth": (*SYNTH_ANSWER_KEYS, "synth.jobs"),
+    # The merged answers and their check: the same whatever the number of parts.
+    "synth_gather": SYNTH_ANSWER_KEYS,
     "prepare": ("prepare.seq_length", "prepare.cut_loops", "prompts.seed"),
     "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage"),
     "extract": (
@@ -112,6 +118,7 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "synth.api_key_env",
     "synth.model_name",
     "synth.concurrency",
+    "synth.servers_per_gpu",
     "synth.request_timeout_s",
     "synth.retries",
     "synth.server_args",

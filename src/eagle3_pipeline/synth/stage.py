@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 # What every answer depends on: the result-determining keys of synth, except max_model_len,
 # which only decides which prompts are rejected (recorded per rejection, see settled()).
-JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth"] if k != "vllm.max_model_len")
+JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth_gather"] if k != "vllm.max_model_len")
 # Bump when a change alters what a journaled answer holds for the same prompt and settings (how
 # a request is built or a response is read): every answer is then asked for again.
 ANSWER_FORMAT = 1
