@@ -136,6 +136,10 @@ def separate_baseline():
     return []
 
 
+def synth_parts():
+    return list(range(config["synth"]["jobs"]))
+
+
 def extract_parts():
     return list(range(config["extract"]["jobs"]))
 

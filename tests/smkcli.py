@@ -25,6 +25,7 @@ STAGES = (
     "prompts_train",
     "prompts_bench",
     "synth",
+    "synth_gather",
     "prepare",
     "vocab",
     "extract",
@@ -36,10 +37,20 @@ STAGES = (
 )
 # Which stages consume each stage's outputs (from rules/*.smk), for "what reruns downstream".
 CONSUMERS = {
-    "target": {"synth", "vocab", "extract", "train", "bench_baseline", "bench", "report"},
-    "prompts_train": {"synth", "bench_baseline", "bench", "report"},
+    "target": {
+        "synth",
+        "synth_gather",
+        "vocab",
+        "extract",
+        "train",
+        "bench_baseline",
+        "bench",
+        "report",
+    },
+    "prompts_train": {"synth", "synth_gather", "bench_baseline", "bench", "report"},
     "prompts_bench": {"bench_baseline", "bench", "report"},
-    "synth": {"prepare", "report"},
+    "synth": {"synth_gather"},
+    "synth_gather": {"prepare", "report"},
     "prepare": {"vocab", "extract", "train", "report"},
     "vocab": {"train", "report"},
     "extract": {"extract_gather"},

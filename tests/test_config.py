@@ -175,7 +175,20 @@ INVALID = {
         "MY_KEY",
         ["`synth.api_key_env`", "only used with synth.endpoint"],
     ),
+    "more synth jobs than prompts": (
+        "synth.jobs",
+        161,
+        ["`synth.jobs`", "161 jobs for at most 160 prompts", "at most 160"],
+    ),
 }
+
+
+def test_servers_share_a_gpu_only_at_tensor_parallel_size_1():
+    gpu = set_key(set_key(default(), "vllm.device", "cuda"), "train.gpus", "auto")
+    cfglib.validate(set_key(gpu, "synth.servers_per_gpu", 4))
+    tp2 = set_key(set_key(gpu, "synth.servers_per_gpu", 4), "vllm.tensor_parallel_size", 3)
+    with pytest.raises(cfglib.ConfigError, match=r"`synth.servers_per_gpu`: 4 servers share"):
+        cfglib.validate(tp2)
 
 
 @pytest.mark.parametrize("case", list(INVALID))
@@ -460,7 +473,7 @@ def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_jso
         "that do: 1, 3, 9"
     )
     # the stages that start a server build its spec through this check
-    endpoint = synth.open_endpoint(cfg["synth"], cfg["vllm"], target, tmp_path / "server.log")
+    endpoint = synth.open_endpoints(cfg["synth"], cfg["vllm"], target, tmp_path / "server.log")
     with pytest.raises(cfglib.ConfigError, match="does not divide"), endpoint:
         pass
     with pytest.raises(cfglib.ConfigError, match="does not divide"):

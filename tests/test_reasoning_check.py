@@ -11,6 +11,7 @@ import copy
 
 import pytest
 
+from eagle3_pipeline.synth import answers
 from eagle3_pipeline.synth import check as reasoning
 from eagle3_pipeline.synth import stage as synth
 
@@ -234,7 +235,7 @@ def test_the_failure_message_names_the_cause_and_how_to_go_on():
         30, 32, {"markers_missing": 30}, [example], cfg, "results/x/synth/.partial"
     )
     assert "synth.reasoning_parser" in msg and "parser" in msg.split("Likely cause:")[1]
-    assert "results/x/synth/.partial/journal.jsonl" in msg
+    assert "kept in results/x/synth/.partial:" in msg
     assert "synth.max_template_mismatch_fraction: 1.0" in msg
     assert reasoning.CAUSES["markers_missing"] in msg
 
@@ -292,10 +293,12 @@ def test_a_failed_check_keeps_the_answers_and_relaxing_it_asks_for_none(tmp_path
     # answers split by a parser with other markers than the model writes
     cfg = validate({"synth": {"endpoint": "http://127.0.0.1:9/v1", "reasoning_parser": "kimi_k3"}})
     work = tmp_path / ".partial"
-    journal, _ = synth.open_journal(work, synth.fingerprint(info, cfg["synth"], cfg["vllm"]))
+    journal = answers.AnswerStore(
+        work, answers.fingerprint(info, cfg["synth"], cfg["vllm"])
+    ).journal(0, 1)
     for p in prompts:
         rec = record(tok, R1_LIKE, FAMILIES["deepseek_r1"][2], REASONING, CONTENT, id=p["id"])
-        journal.append({"status": "ok", "key": synth.prompt_key(p), "latency_s": 0.1, **rec})
+        journal.append({"status": "ok", "key": answers.prompt_key(p), "latency_s": 0.1, **rec})
     journal.close()
 
     def run(synth_cfg):
@@ -314,7 +317,7 @@ def test_a_failed_check_keeps_the_answers_and_relaxing_it_asks_for_none(tmp_path
     message = str(failed.value)
     assert "3 of 3 records" in message and "'markers_missing': 3" in message
     assert reasoning.CAUSES["markers_missing"] in message
-    assert f"{work}/journal.jsonl" in message and not (tmp_path / "synth.jsonl.zst").exists()
+    assert f"kept in {work}/" in message and not (tmp_path / "synth.jsonl.zst").exists()
     stats = run({**cfg["synth"], "max_template_mismatch_fraction": 1.0})
     assert stats["this_run"]["reused"] == 3 and stats["this_run"]["answered"] == 0
     assert stats["template_check"]["text_by_cause"] == {"markers_missing": 3}

@@ -34,7 +34,8 @@ BASELINE = [] if CI["bench"].get("pairing", "alternate") == "alternate" else ["b
 AFTER_EXTRACT = ["extract[part=0]", "extract[part=1]", "extract_gather", TRAIN, BENCH, "report"]
 AFTER_PREPARE = sorted(["vocab", *AFTER_EXTRACT])
 # (the training pool job also writes the held-out benchmark set: the baseline measures it)
-EVERYTHING_AFTER_PROMPTS = sorted(["synth", "prepare", *BASELINE, *AFTER_PREPARE])
+SYNTH = [f"synth[part={k}]" for k in range(CI["synth"].get("jobs", 1))]
+EVERYTHING_AFTER_PROMPTS = sorted([*SYNTH, "synth_gather", "prepare", *BASELINE, *AFTER_PREPARE])
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from eagle3_pipeline import bench, extract
 from eagle3_pipeline.bench import cache, measure, stage
 from eagle3_pipeline.hidden_states import shards
 from eagle3_pipeline.runtime.files import read_json, write_json
-from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.synth import answers
 
 from conftest import default_config
 
@@ -25,38 +25,38 @@ def prompt(pid: str, text: str) -> dict:
 
 
 def entry(p: dict, status: str = "ok", **kw) -> dict:
-    return {"status": status, "id": p["id"], "key": synth.prompt_key(p), **kw}
+    return {"status": status, "id": p["id"], "key": answers.prompt_key(p), **kw}
 
 
 def test_synth_reuses_answers_of_unchanged_prompts_only():
     a, b, c = prompt("a", "first"), prompt("b", "second"), prompt("c", "third")
     journal = [entry(a), entry(b), entry(c, "failed")]
     edited_b = prompt("b", "second, edited")
-    done = synth.settled(journal, [a, edited_b, c], max_model_len=2048)
+    done = answers.settled(journal, [a, edited_b, c], max_model_len=2048)
     assert set(done) == {"a"}  # b changed, c failed: both asked again
     # a later ok replaces an earlier failure of the same prompt
-    assert set(synth.settled([*journal, entry(c)], [a, c], 2048)) == {"a", "c"}
+    assert set(answers.settled([*journal, entry(c)], [a, c], 2048)) == {"a", "c"}
     # the id is part of the key (it seeds sampling)
-    assert synth.prompt_key(prompt("x", "same")) != synth.prompt_key(prompt("y", "same"))
+    assert answers.prompt_key(prompt("x", "same")) != answers.prompt_key(prompt("y", "same"))
 
 
 def test_synth_retries_rejections_only_under_another_context_length():
     p = prompt("long", "x" * 100)
     journal = [entry(p, "rejected", max_model_len=1024)]
-    assert set(synth.settled(journal, [p], 1024)) == {"long"}
-    assert synth.settled(journal, [p], 4096) == {}
+    assert set(answers.settled(journal, [p], 1024)) == {"long"}
+    assert answers.settled(journal, [p], 4096) == {}
 
 
 def test_synth_journal_fingerprint_ignores_the_prompts_and_operational_keys():
     cfg = default_config()
     target = {"identity": "t1", "model_path": "/somewhere"}
-    fp = synth.fingerprint(target, cfg["synth"], cfg["vllm"])
+    fp = answers.fingerprint(target, cfg["synth"], cfg["vllm"])
     busy = default_config(synth={"concurrency": 3, "retries": 9}, vllm={"startup_timeout_s": 5})
     moved = {"identity": "t1", "model_path": "/elsewhere"}
-    assert synth.fingerprint(moved, busy["synth"], busy["vllm"]) == fp
+    assert answers.fingerprint(moved, busy["synth"], busy["vllm"]) == fp
     hotter = default_config(synth={"temperature": 0.7})
-    assert synth.fingerprint(target, hotter["synth"], hotter["vllm"]) != fp
-    assert synth.fingerprint({"identity": "t2"}, cfg["synth"], cfg["vllm"]) != fp
+    assert answers.fingerprint(target, hotter["synth"], hotter["vllm"]) != fp
+    assert answers.fingerprint({"identity": "t2"}, cfg["synth"], cfg["vllm"]) != fp
 
 
 # ---- extract: samples keyed by their row's token ids ---------------------------------------

@@ -56,6 +56,13 @@ def synth_cfg(endpoint: str | None, **kw) -> dict:
     return cfg
 
 
+def journaled(tmp: Path) -> list[dict]:
+    """Every journal entry of a synth work dir (all parts, every fingerprint)."""
+    return [
+        e for p in sorted((tmp / ".partial").rglob("journal*.jsonl")) for e in AppendLog(p).read()
+    ]
+
+
 def run_synth(tmp: Path, target_json: Path, cfg: dict, prompts: Path, log=None) -> dict:
     return synth.run(
         target_json,
@@ -134,7 +141,7 @@ def test_rejected_rows_are_counted_not_fatal(tmp_path, target_json, vllm_server)
     cfg["synth"]["max_failed_fraction"] = 0.1
     with pytest.raises(synth.SynthError, match="max_failed_fraction"):
         run_synth(tmp_path, target_json, cfg, tmp_path / "p.jsonl.zst")
-    assert len(AppendLog(tmp_path / ".partial" / "journal.jsonl").read()) == 4
+    assert len(journaled(tmp_path)) == 4
 
 
 def test_changed_params_invalidate_partial_work(tmp_path, target_json, vllm_server):
@@ -198,10 +205,9 @@ def start_synth(tmp: Path, target_json: Path, cfg: dict, prompts: Path) -> subpr
 
 
 def wait_for_journal(tmp: Path, n: int, proc: subprocess.Popen, timeout: float = 600) -> int:
-    journal = AppendLog(tmp / ".partial" / "journal.jsonl")
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        count = len(journal.read())
+        count = len(journaled(tmp))
         if count >= n:
             return count
         assert proc.poll() is None, proc.stdout.read()
@@ -217,7 +223,7 @@ def test_kill9_then_resume_has_no_duplicates_and_no_losses(tmp_path, target_json
     wait_for_journal(tmp_path, n // 2, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    kept = {e["id"] for e in AppendLog(tmp_path / ".partial" / "journal.jsonl").read()}
+    kept = {e["id"] for e in journaled(tmp_path)}
     assert n // 2 <= len(kept) < n
     assert not (tmp_path / "synth.jsonl.zst").exists()  # nothing taken as complete
 
@@ -256,13 +262,7 @@ def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm
     assert "vLLM server exited" in output and "re-run resumes" in output
     assert gone([int(guard[0])])
     assert not (tmp_path / "synth.jsonl.zst").exists()
-    kept = len(
-        {
-            e["id"]
-            for e in AppendLog(tmp_path / ".partial" / "journal.jsonl").read()
-            if e["status"] == "ok"
-        }
-    )
+    kept = len({e["id"] for e in journaled(tmp_path) if e["status"] == "ok"})
     assert kept >= 3
     # Resume against the shared server (same model and generation params: same fingerprint).
     cfg2 = synth_cfg(vllm_server.base_url, concurrency=2, max_tokens=32)

@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline import synth
 from eagle3_pipeline.runtime.files import iter_jsonl
+from eagle3_pipeline.synth import answers
 from eagle3_pipeline.target import load_info
 
 
@@ -49,19 +49,19 @@ def main() -> None:
         if p is None:
             counts["other prompt"] += 1
         elif e["status"] == "ok" and e["messages"][: len(p["messages"])] == p["messages"]:
-            kept.append({**e, "key": synth.prompt_key(p)})
+            kept.append({**e, "key": answers.prompt_key(p)})
             counts["answers"] += 1
         elif e["status"] == "rejected" and f"maximum context length is {max_len} " in e["error"]:
-            kept.append({**e, "key": synth.prompt_key(p), "max_model_len": max_len})
+            kept.append({**e, "key": answers.prompt_key(p), "max_model_len": max_len})
             counts["rejections"] += 1
         else:
             counts["dropped"] += 1
     with (work / "journal.jsonl").open("w") as f:
         f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in kept)
     target = load_info(run / "target/target.json")
-    fp = synth.fingerprint(target, cfg["synth"], cfg["vllm"])
+    fp = answers.fingerprint(target, cfg["synth"], cfg["vllm"])
     (work / "fingerprint.json").write_text(json.dumps({"fingerprint": fp}) + "\n")
-    todo = len(prompts) - len(synth.settled(kept, list(prompts.values()), max_len))
+    todo = len(prompts) - len(answers.settled(kept, list(prompts.values()), max_len))
     print(f"adopted {counts} for {len(prompts)} prompts; {todo} left to ask; fingerprint {fp}")
 
 

@@ -166,6 +166,12 @@ gil_extract_8b() {
     --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
+# Synth on one server against 4 sharing the GPU (synth.servers_per_gpu), alone on the GPU, in 3
+# alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's prompts
+eff_synth_replicas() {
+  python3 benchmarks/synth_replicas.py --config config/gpu-quality.yaml --servers 4 \
+    --prompts "${REPLICA_PROMPTS:-4000}" --rounds 3 --out "$W/bench/h200_synth_replicas_rounds.json"
+}
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
 # serving default (lab/configs/gpu_quality_t1.yaml), side by side on the one GPU (a measurement
 # of tau, not of speed): copied off with `collect --synth`, adopted on a later host.

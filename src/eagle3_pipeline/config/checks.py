@@ -129,6 +129,7 @@ def check_semantics(cfg: dict) -> list[str]:
 
     if cfg["synth"]["api_key_env"] and not cfg["synth"]["endpoint"]:
         problems.append("config key `synth.api_key_env`: only used with synth.endpoint")
+    problems += synth_split_problems(cfg)
 
     layer_ids = cfg["extract"]["layer_ids"]
     if layer_ids is not None and layer_ids != sorted(layer_ids):
@@ -144,6 +145,30 @@ def check_semantics(cfg: dict) -> list[str]:
         )
     problems += device_problems(cfg["train"])
     problems += method_problems(cfg)
+    return problems
+
+
+def synth_split_problems(cfg: dict) -> list[str]:
+    """More synth jobs than prompts (each job past them would start a server for nothing),
+    and servers sharing a GPU at a tensor-parallel size above 1."""
+    s, problems = cfg["synth"], []
+    counts = [src.get("n") for src in cfg["prompts"]["train"]]
+    each_turn = any(src.get("each_turn") for src in cfg["prompts"]["train"])
+    if None not in counts and not each_turn:
+        prompts = max(sum(counts) - cfg["prompts"]["heldout"], 0)
+        if s["jobs"] > prompts:
+            problems.append(
+                f"config key `synth.jobs`: {s['jobs']} jobs for at most {prompts} prompts "
+                "(prompts.train's n, less prompts.heldout): every job starts a server, so "
+                f"set synth.jobs to at most {max(prompts, 1)}"
+            )
+    if s["servers_per_gpu"] > 1 and cfg["vllm"]["tensor_parallel_size"] > 1:
+        problems.append(
+            f"config key `synth.servers_per_gpu`: {s['servers_per_gpu']} servers share one GPU, "
+            f"but vllm.tensor_parallel_size is {cfg['vllm']['tensor_parallel_size']}: a target "
+            "that needs several GPUs cannot share one; set synth.servers_per_gpu: 1 (or use "
+            "synth.jobs to run more servers)"
+        )
     return problems
 
 

@@ -110,3 +110,39 @@ def spec_for_target(vllm_cfg: dict, target: dict, **settings: Any) -> ServerSpec
         trust_remote_code=target.get("trust_remote_code", False),
         **settings,
     )
+
+
+# vLLM's default --gpu-memory-utilization: the share of a GPU's memory one server may use
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+MEMORY_FLAG = "--gpu-memory-utilization"
+
+
+def memory_utilization(args: list[str]) -> float:
+    """--gpu-memory-utilization among the server arguments, else vLLM's default."""
+    for i, a in enumerate(args):
+        if a.split("=")[0] == MEMORY_FLAG:
+            value = a.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                return float(value)
+            except ValueError:
+                break
+    return VLLM_GPU_MEMORY_UTILIZATION
+
+
+def shared_gpu_args(args: list[str], servers: int) -> list[str]:
+    """``args`` for one of ``servers`` vLLM servers sharing a GPU: the memory share the
+    arguments give one server (vLLM's default where they give none) split between them. Each
+    server's weights and KV cache then fit beside the others'; one server is left as it is."""
+    if servers <= 1:
+        return list(args)
+    share = memory_utilization(args) / servers
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a.split("=")[0] == MEMORY_FLAG:
+            skip = "=" not in a and i + 1 < len(args)
+            continue
+        out.append(a)
+    return [*out, MEMORY_FLAG, f"{share:.4f}"]

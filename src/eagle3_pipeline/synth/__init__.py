@@ -1,10 +1,14 @@
 """Synth stage: the target's own answers, with the exact token ids it saw and produced.
 
-- :mod:`.stage`: the requests, their journal and resume, the synth output;
+- :mod:`.stage`: the requests; one part of the prompts per job (``synth``), the parts' answers
+  merged and checked (``synth_gather``);
+- :mod:`.answers`: where answers live between jobs (journals keyed by prompt), which prompts a
+  part answers;
 - :mod:`.check`: do a record's token ids say what its text fields say (the chat template and
   the reasoning parser's markers)?
 """
 
-from .stage import SynthError, run
+from .answers import part_of
+from .stage import SynthError, gather, generate, run, run_part
 
-__all__ = ["SynthError", "run"]
+__all__ = ["SynthError", "gather", "generate", "part_of", "run", "run_part"]

@@ -317,7 +317,7 @@ def failure_message(
         f"synth.max_template_mismatch_fraction={cfg['max_template_mismatch_fraction']}.\n"
         f"Likely cause: {explain(causes)}.\n"
         f"First: {first}\n"
-        f"The answers are kept in {work_dir}/journal.jsonl: re-running the same command asks "
+        f"The answers are kept in {work_dir}: re-running the same command asks "
         "for no answer again and repeats only this check. To accept the "
         "records as they are (training uses their ids), set "
         "synth.max_template_mismatch_fraction: 1.0 - it re-runs nothing else. Changing "

@@ -4,13 +4,15 @@ Each prompt becomes one chat request with ``return_token_ids``; the record keeps
 ``prompt_token_ids`` and ``completion_token_ids`` from the server, so training sequences are
 what the model saw by construction (thinking wrappers included). A check
 (:mod:`eagle3_pipeline.synth.check`) reports records whose ids disagree with their messages and
-text; the job fails above ``synth.max_template_mismatch_fraction`` with the journal kept.
+text; the gather fails above ``synth.max_template_mismatch_fraction`` with the answers kept.
 
-Resume and reuse: every finished request is appended to a journal (``<work_dir>/journal.jsonl``)
-as it completes, under a key of its prompt (id and messages). A run answers only the prompts
-without an answer under their current key: a killed job loses at most its in-flight requests,
-and an edited prompt pool costs only its new or changed prompts. The journal is tied to a
-fingerprint of the target and the generation parameters and is discarded when they change.
+The stage is ``synth.jobs`` independent parts and a gather: each part (:func:`run_part`)
+answers the prompts :func:`.answers.part_of` gives it, on its own vLLM server(s), journaling
+every answer as it arrives (:mod:`.answers`); the gather (:func:`gather`) merges every answer
+into one output in the prompt pool's order, whatever the number of parts, and checks it.
+A part answers only the prompts without an answer under their current key, so a killed job
+loses at most its in-flight requests, a failed part costs only its own prompts, and changing
+the number of parts or adding prompts asks only for what has no answer yet.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import time
 import zlib
 from collections import Counter
@@ -26,15 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import RESULT_KEYS
-from ..engine.spec import seeded_sampling_args, spec_for_target
+from ..engine.spec import seeded_sampling_args, shared_gpu_args, spec_for_target
 from ..runtime import Progress, for_each
 from ..runtime.files import (
     AppendLog,
     atomic_path,
     iter_jsonl,
     read_json,
-    stable_hash,
     write_json,
     write_jsonl_zst,
 )
@@ -44,15 +43,12 @@ from ..server import client as client_lib
 from ..stats import percentiles
 from ..target.stage import chat_template_text, load_info
 from . import check as reasoning
+from .answers import AnswerStore, current, fingerprint, part_of, prompt_key, settled
 
 log = logging.getLogger(__name__)
 
-# What every answer depends on: the result-determining keys of synth, except max_model_len,
-# which only decides which prompts are rejected (recorded per rejection, see settled()).
-JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth_gather"] if k != "vllm.max_model_len")
-# Bump when a change alters what a journaled answer holds for the same prompt and settings (how
-# a request is built or a response is read): every answer is then asked for again.
-ANSWER_FORMAT = 1
+# Journal fields that stay out of the synth records
+JOURNAL_ONLY = ("status", "key", "latency_s")
 
 
 class SynthError(RuntimeError):
@@ -135,7 +131,7 @@ async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
 
 
 async def generate(
-    endpoint: Endpoint,
+    endpoints: Endpoint | list[Endpoint],
     prompts: list[dict],
     cfg: dict,
     journal: AppendLog,
@@ -143,13 +139,17 @@ async def generate(
     max_model_len: int | None = None,
     transport: str = "aiohttp",
 ) -> Counter:
-    """Answer ``prompts`` with bounded concurrency, journaling each result as it arrives (under
-    the prompt's key; a rejection also records the ``max_model_len`` it happened under).
-    ``transport``: the client's (:func:`client.async_client`; the benchmark compares them)."""
+    """Answer ``prompts`` with ``synth.concurrency`` requests in flight per endpoint, journaling
+    each result as it arrives (under the prompt's key; a rejection also records the
+    ``max_model_len`` it happened under). With several endpoints every request goes to the
+    next free slot of any of them, so a faster server answers more. ``transport``: the
+    client's (:func:`client.async_client`; the benchmark compares them)."""
+    if isinstance(endpoints, Endpoint):
+        endpoints = [endpoints]
     outcome: Counter = Counter()
     consecutive_transient = 0
 
-    async def one(client, prompt: dict) -> None:
+    async def one(client, endpoint: Endpoint, prompt: dict) -> None:
         nonlocal consecutive_transient
         key = prompt_key(prompt)
         try:
@@ -182,75 +182,28 @@ async def generate(
                     f"(last: {e}); is the endpoint {endpoint.base_url} up?"
                 ) from e
 
-    client = client_lib.async_client(
-        endpoint.base_url,
-        api_key=endpoint.api_key,
-        timeout=cfg["request_timeout_s"],
-        max_retries=cfg["retries"],
-        transport=transport,
-    )
-    async with client:
-        await for_each(prompts, lambda p: one(client, p), cfg["concurrency"])
-    return outcome
-
-
-# ---- the journal and resume -------------------------------------------------------------
-
-
-def fingerprint(target: dict, cfg: dict, vllm_cfg: dict) -> str:
-    """What every journaled answer depends on (not the prompts: each entry carries its own)."""
-    sections = {"synth": cfg, "vllm": vllm_cfg}
-    return stable_hash(
-        {
-            "format": ANSWER_FORMAT,
-            "target": target["identity"],
-            "settings": {k: sections[k.split(".")[0]][k.split(".")[1]] for k in JOURNAL_KEYS},
-        }
-    )
-
-
-def prompt_key(prompt: dict) -> str:
-    """An answer's key: the prompt's id (it seeds sampling) and messages."""
-    return stable_hash({"id": prompt["id"], "messages": prompt["messages"]})
-
-
-def open_journal(work_dir: Path, fp: str) -> tuple[AppendLog, list[dict]]:
-    """The journal of earlier attempts, or a fresh one when the target or the generation
-    parameters changed."""
-    fp_file = work_dir / "fingerprint.json"
-    if work_dir.exists():
-        old = read_json(fp_file).get("fingerprint") if fp_file.exists() else None
-        if old != fp:
-            log.info(
-                "target or generation parameters changed: discarding partial work in %s", work_dir
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                client_lib.async_client(
+                    e.base_url,
+                    api_key=e.api_key,
+                    timeout=cfg["request_timeout_s"],
+                    max_retries=cfg["retries"],
+                    transport=transport,
+                )
             )
-            shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    write_json(fp_file, {"fingerprint": fp})
-    journal = AppendLog(work_dir / "journal.jsonl")
-    return journal, journal.open()
+            for e in endpoints
+        ]
+        pending = iter(prompts)  # one shared iterator: each prompt goes to exactly one slot
 
+        async def slot(i: int) -> None:
+            for prompt in pending:
+                await one(clients[i], endpoints[i], prompt)
 
-def current(entries: list[dict], prompts: list[dict]) -> dict[str, dict]:
-    """Per prompt id, the last journal entry made for the prompt as it is now (an entry for an
-    earlier version of an edited prompt does not count); a later ok replaces a failure."""
-    keys = {p["id"]: prompt_key(p) for p in prompts}
-    out: dict[str, dict] = {}
-    for e in entries:
-        if e.get("key") is not None and keys.get(e["id"]) == e["key"]:
-            out[e["id"]] = e
-    return out
-
-
-def settled(entries: list[dict], prompts: list[dict], max_model_len: int) -> dict[str, dict]:
-    """Entries that need no new request: answers, and rejections made under the same
-    ``max_model_len`` (a longer context may accept the prompt)."""
-    return {
-        pid: e
-        for pid, e in current(entries, prompts).items()
-        if e["status"] == "ok"
-        or (e["status"] == "rejected" and e.get("max_model_len") == max_model_len)
-    }
+        slots = [i for _ in range(cfg["concurrency"]) for i in range(len(endpoints))]
+        await for_each(slots, slot, len(slots))
+    return outcome
 
 
 # ---- the token-exact check: eagle3_pipeline.synth.check ------------------------------------
@@ -272,18 +225,200 @@ def server_args(cfg: dict, vllm_cfg: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def open_endpoint(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator[Endpoint]:
+def open_endpoints(cfg: dict, vllm_cfg: dict, target: dict, log_path) -> Iterator[list[Endpoint]]:
+    """Where a part's requests go: the external endpoint (``synth.endpoint``), or the part's
+    own vLLM servers, ``synth.servers_per_gpu`` of them sharing its GPU (started one after
+    the other: each measures the memory the ones before it left)."""
     if cfg["endpoint"]:
-        yield external_endpoint(cfg["endpoint"], cfg.get("model_name"), cfg.get("api_key_env"))
+        yield [external_endpoint(cfg["endpoint"], cfg.get("model_name"), cfg.get("api_key_env"))]
         return
+    servers = cfg["servers_per_gpu"]
     spec = spec_for_target(
         vllm_cfg,
         target,
         extra_args=server_args(cfg, vllm_cfg),
         reasoning_parser=cfg.get("reasoning_parser"),
     )
-    with VllmServer(spec, log_path) as server:
-        yield Endpoint(base_url=server.base_url, model=server.model_name, server=server)
+    if vllm_cfg["device"] == "cuda":  # (on the CPU each server has its own KV cache size)
+        spec.extra_args = shared_gpu_args(spec.extra_args, servers)
+    with contextlib.ExitStack() as stack:
+        endpoints = []
+        for _ in range(servers):
+            server = stack.enter_context(VllmServer(spec, log_path))
+            endpoints.append(
+                Endpoint(base_url=server.base_url, model=server.model_name, server=server)
+            )
+        yield endpoints
+
+
+def read_prompts(prompts_path) -> list[dict]:
+    prompts = list(iter_jsonl(prompts_path))
+    ids = [p["id"] for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise SynthError(f"{prompts_path} has duplicate prompt ids")
+    return prompts
+
+
+def answer_counts(entries: list[dict], prompts: list[dict]) -> tuple[Counter, Counter]:
+    """Per status, how many of ``prompts`` have that entry last ("missing": none); per error
+    kind, how many of those without an answer failed with it."""
+    last = current(entries, prompts)
+    status = Counter(last[p["id"]]["status"] if p["id"] in last else "missing" for p in prompts)
+    errors = Counter(e["error"].split(":")[0] for e in last.values() if e["status"] != "ok")
+    return status, errors
+
+
+def check_failed_fraction(status: Counter, errors: Counter, n: int, cfg: dict, what: str):
+    bad = n - status["ok"]
+    if n and bad / n > cfg["max_failed_fraction"]:
+        raise SynthError(
+            f"{bad} of {n} {what} have no answer ({dict(status)}; errors: {dict(errors)}), "
+            f"more than synth.max_failed_fraction={cfg['max_failed_fraction']}. Answers so far "
+            "are kept: fix the cause and re-run to retry only the failed prompts."
+        )
+
+
+def run_part(
+    target_json,
+    prompts_path,
+    part_out,
+    part: int,
+    parts: int,
+    cfg: dict,
+    vllm_cfg: dict,
+    work_dir,
+    log_path=None,
+) -> dict:
+    """Rule ``synth`` (one job per part): answer the prompts of part ``part`` of ``parts``
+    that have no answer yet, then write the part's manifest (last, atomically)."""
+    target = load_info(target_json)
+    prompts = read_prompts(prompts_path)
+    mine = [p for p in prompts if part_of(p["id"], parts) == part]
+    check_tools(target, cfg)  # a parser the check cannot use fails now, not after the answers
+    store = AnswerStore(work_dir, fingerprint(target, cfg, vllm_cfg))
+    max_model_len = vllm_cfg["max_model_len"]
+    done = settled(store.read(), mine, max_model_len)
+    todo = [p for p in mine if p["id"] not in done]
+    if not mine:
+        log.warning(
+            "synth part %d of %d has no prompts (%d prompts over %d parts): nothing to answer; "
+            "fewer synth.jobs would start fewer servers",
+            part,
+            parts,
+            len(prompts),
+            parts,
+        )
+    log.info(
+        "synth part %d of %d: %d of %d prompts, %d already answered, %d to go",
+        part,
+        parts,
+        len(mine),
+        len(prompts),
+        len(done),
+        len(todo),
+    )
+    t0 = time.monotonic()
+    outcome: Counter = Counter()
+    journal = store.journal(part, parts)
+    try:
+        if todo:
+            progress = Progress(len(mine), f"synth part {part}", unit="samples", done=len(done))
+            with open_endpoints(cfg, vllm_cfg, target, log_path) as endpoints:
+                outcome = asyncio.run(
+                    generate(endpoints, todo, cfg, journal, progress, max_model_len)
+                )
+    except ServerError as e:
+        kept = len(settled(store.read(), mine, max_model_len))
+        raise SynthError(
+            f"the vLLM server died mid-run; {kept} of {len(mine)} answers of part {part} are "
+            f"kept in {store.dir} and a re-run resumes from them.\n{e}"
+        ) from e
+    finally:
+        journal.close()
+    elapsed = time.monotonic() - t0
+    if outcome:
+        store.record_run(
+            part,
+            parts,
+            {
+                "answered": outcome["ok"],
+                "completion_tokens": outcome["completion_tokens"],
+                "elapsed_s": round(elapsed, 2),
+            },
+        )
+    status, errors = answer_counts(store.read(), mine)
+    check_failed_fraction(status, errors, len(mine), cfg, f"prompts of part {part}")
+    manifest = {
+        "part": part,
+        "parts": parts,
+        "prompts": len(mine),
+        "status": dict(status),
+        "fingerprint": store.fingerprint,
+        "this_run": {
+            "server_started": bool(todo) and not cfg["endpoint"],
+            "servers": cfg["servers_per_gpu"] if todo and not cfg["endpoint"] else 0,
+            "reused": len(done),
+            "answered": outcome["ok"],
+            "rejected": outcome["rejected"],
+            "failed": outcome["failed"],
+            "completion_tokens": outcome["completion_tokens"],
+            "elapsed_s": round(elapsed, 2),
+        },
+        "provenance": provenance(
+            {k: cfg[k] for k in sorted(cfg)}, inputs={"prompts": prompts_path}
+        ),
+    }
+    write_json(part_out, manifest)
+    return manifest
+
+
+def gather(
+    target_json,
+    prompts_path,
+    part_manifests,
+    records_out,
+    stats_out,
+    cfg: dict,
+    vllm_cfg: dict,
+    work_dir,
+) -> dict:
+    """Rule ``synth_gather``: every part's answers merged into one output in the prompt pool's
+    order (the same whatever the number of parts), checked, with the stage's stats."""
+    target = load_info(target_json)
+    prompts = read_prompts(prompts_path)
+    store = AnswerStore(work_dir, fingerprint(target, cfg, vllm_cfg))
+    parts = [read_json(p) for p in part_manifests]
+    stale = [p["part"] for p in parts if p.get("fingerprint") != store.fingerprint]
+    if stale or {p["parts"] for p in parts} != {len(parts)}:
+        raise SynthError(
+            f"the synth parts {stale or [p['part'] for p in parts]} were answered for other "
+            f"settings or another number of parts than the {len(parts)} given: re-run them "
+            "(snakemake -R synth)"
+        )
+    runs = [p["this_run"] for p in parts]
+    this_run = {
+        "server_started": any(r["server_started"] for r in runs),
+        "servers": sum(r.get("servers", int(r["server_started"])) for r in runs),
+        "parts": len(parts),
+        **{k: sum(r[k] for r in runs) for k in ("reused", "answered", "rejected", "failed")},
+        # parts run side by side: the stage's time is its slowest part's
+        "elapsed_s": max((r["elapsed_s"] for r in runs), default=0.0),
+        "completion_tokens": sum(r["completion_tokens"] for r in runs),
+    }
+    stats = finalize(
+        prompts,
+        store.read(),
+        records_out,
+        stats_out,
+        cfg,
+        target,
+        prompts_path,
+        this_run,
+        store.runs(),
+        work_dir=store.dir,
+    )
+    store.discard_others()
+    return stats
 
 
 def run(
@@ -296,64 +431,16 @@ def run(
     work_dir,
     log_path=None,
 ) -> dict:
-    target = load_info(target_json)
-    work_dir = Path(work_dir)
-    prompts = list(iter_jsonl(prompts_path))
-    ids = [p["id"] for p in prompts]
-    if len(set(ids)) != len(ids):
-        raise SynthError(f"{prompts_path} has duplicate prompt ids")
-
-    check_tools(target, cfg)  # a parser the check cannot use fails now, not after the answers
-    journal, entries = open_journal(work_dir, fingerprint(target, cfg, vllm_cfg))
-    max_model_len = vllm_cfg["max_model_len"]
-    done = settled(entries, prompts, max_model_len)
-    todo = [p for p in prompts if p["id"] not in done]
-    log.info("synth: %d prompts, %d already answered, %d to go", len(prompts), len(done), len(todo))
-    t0 = time.monotonic()
-    outcome: Counter = Counter()
-    try:
-        if todo:
-            progress = Progress(len(prompts), "synth", unit="samples", done=len(done))
-            with open_endpoint(cfg, vllm_cfg, target, log_path) as endpoint:
-                outcome = asyncio.run(
-                    generate(endpoint, todo, cfg, journal, progress, max_model_len)
-                )
-    except ServerError as e:
-        kept = len(settled(journal.read(), prompts, max_model_len))
-        raise SynthError(
-            f"the vLLM server died mid-run; {kept} of "
-            f"{len(prompts)} answers are kept in {work_dir} and a re-run resumes "
-            f"from them.\n{e}"
-        ) from e
-    finally:
-        journal.close()
-    elapsed = time.monotonic() - t0
-    runs = AppendLog(work_dir / "runs.jsonl")
-    runs.open()
-    if outcome:
-        runs.append(
-            {
-                "answered": outcome["ok"],
-                "completion_tokens": outcome["completion_tokens"],
-                "elapsed_s": round(elapsed, 2),
-            }
-        )
-    history = runs.read()
-    runs.close()
-    return finalize(
-        prompts,
-        journal,
-        records_out,
-        stats_out,
-        cfg,
-        target,
-        prompts_path,
-        elapsed,
-        outcome,
-        history,
-        reused=len(done),
-        server_started=bool(todo) and not cfg["endpoint"],
-        work_dir=work_dir,
+    """The whole stage in one process: every part in turn (``synth.jobs`` of them), then the
+    gather (the workflow runs the parts as jobs of their own)."""
+    parts = cfg.get("jobs", 1)
+    manifests = []
+    for part in range(parts):
+        path = Path(work_dir) / "parts" / f"part_{part}.json"
+        run_part(target_json, prompts_path, path, part, parts, cfg, vllm_cfg, work_dir, log_path)
+        manifests.append(path)
+    return gather(
+        target_json, prompts_path, manifests, records_out, stats_out, cfg, vllm_cfg, work_dir
     )
 
 
@@ -379,33 +466,23 @@ def check_tools(target: dict, cfg: dict):
 
 def finalize(
     prompts,
-    journal: AppendLog,
+    entries: list[dict],
     records_out,
     stats_out,
     cfg,
     target,
     prompts_path,
-    elapsed: float,
-    outcome: Counter,
+    this_run: dict,
     history: list[dict],
-    reused: int = 0,
-    server_started: bool = False,
     work_dir=None,
 ) -> dict:
 
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
-    last = current(journal.read(), prompts)
+    last = current(entries, prompts)
     n = len(prompts)
-    status = Counter(last[p["id"]]["status"] if p["id"] in last else "missing" for p in prompts)
-    bad = n - status["ok"]
-    errors = Counter(e["error"].split(":")[0] for e in last.values() if e["status"] != "ok")
-    if n and bad / n > cfg["max_failed_fraction"]:
-        raise SynthError(
-            f"{bad} of {n} prompts have no answer ({dict(status)}; errors: {dict(errors)}), "
-            f"more than synth.max_failed_fraction={cfg['max_failed_fraction']}. Answers so far "
-            "are kept: fix the cause and re-run to retry only the failed prompts."
-        )
+    status, errors = answer_counts(entries, prompts)
+    check_failed_fraction(status, errors, n, cfg, "prompts")
 
     tokenizer, markers = check_tools(target, cfg)
     kwargs = cfg.get("chat_template_kwargs") or {}
@@ -420,12 +497,14 @@ def finalize(
             e = last.get(p["id"])
             if not e or e["status"] != "ok":
                 continue
-            rec = {k: v for k, v in e.items() if k not in ("status", "key")}
+            # the record is what the target answered; how long it took (which changes from
+            # run to run) stays in the journal and the stats, so equal answers give equal bytes
+            rec = {k: v for k, v in e.items() if k not in JOURNAL_ONLY}
             finish[rec["finish_reason"]] += 1
             prompt_tokens += len(rec["prompt_token_ids"])
             completion_tokens += len(rec["completion_token_ids"])
             with_reasoning += bool(rec.get("reasoning"))
-            latencies.append(rec["latency_s"])
+            latencies.append(e["latency_s"])
             problem = check_record(tokenizer, rec, kwargs, markers, template)
             if problem:
                 mismatches[problem["part"]] += 1
@@ -462,15 +541,11 @@ def finalize(
                 if history
                 else None,
             },
+            # the parts' last runs (each part's manifest has its own)
             "this_run": {
-                "server_started": server_started,
-                "reused": reused,
-                "answered": outcome["ok"],
-                "rejected": outcome["rejected"],
-                "failed": outcome["failed"],
-                "elapsed_s": round(elapsed, 2),
+                **{k: v for k, v in this_run.items() if k != "completion_tokens"},
                 "completion_tokens_per_s": round(
-                    outcome["completion_tokens"] / max(elapsed, 1e-9), 1
+                    this_run["completion_tokens"] / max(this_run["elapsed_s"], 1e-9), 1
                 ),
             },
             "latency_s": percentiles(latencies),

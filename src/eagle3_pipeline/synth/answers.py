@@ -1,0 +1,153 @@
+"""Where synth answers live between jobs: append-only journals keyed by prompt.
+
+Every finished request is appended to a journal as it completes, under a key of its prompt
+(its id, which seeds sampling, and its messages), so a killed job loses at most its in-flight
+requests and an edited prompt pool costs only its new or changed prompts. The synth stage runs
+as ``synth.jobs`` independent jobs (parts); each part writes a journal of its own, and every
+part and the gather read all of them::
+
+    <work_dir>/<fingerprint>/journal.part-<k>-of-<n>.jsonl   answers of part k of n (one writer)
+    <work_dir>/<fingerprint>/runs.part-<k>-of-<n>.jsonl      what each run of that part generated
+    <work_dir>/journal.jsonl, runs.jsonl, fingerprint.json   a single journal (the layout before
+                                                             parts), read while its fingerprint
+                                                             is the current one
+
+Answers belong to prompts, not to parts: changing the number of parts asks for none of them
+again. The fingerprint (target identity and generation settings) names the directory, so jobs
+that run at once never delete each other's work; the gather, which runs alone, removes the
+journals of other fingerprints once the merged output is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+
+from ..config import RESULT_KEYS
+from ..runtime.files import AppendLog, read_json, stable_hash
+
+log = logging.getLogger(__name__)
+
+# What every answer depends on: the result-determining keys of the merged answers, except
+# max_model_len, which only decides which prompts are rejected (recorded per rejection, see
+# settled()).
+JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth_gather"] if k != "vllm.max_model_len")
+# Bump when a change alters what a journaled answer holds for the same prompt and settings (how
+# a request is built or a response is read): every answer is then asked for again.
+ANSWER_FORMAT = 1
+# Which entry of a prompt counts when there are several: an answer over a rejection over a
+# failure; among equals, the later one (journals in a fixed order, lines in file order).
+STATUS_RANK = {"ok": 2, "rejected": 1, "failed": 0}
+LEGACY_JOURNAL = "journal.jsonl"
+
+
+def fingerprint(target: dict, cfg: dict, vllm_cfg: dict) -> str:
+    """What every journaled answer depends on (not the prompts: each entry carries its own)."""
+    sections = {"synth": cfg, "vllm": vllm_cfg}
+    return stable_hash(
+        {
+            "format": ANSWER_FORMAT,
+            "target": target["identity"],
+            "settings": {k: sections[k.split(".")[0]][k.split(".")[1]] for k in JOURNAL_KEYS},
+        }
+    )
+
+
+def prompt_key(prompt: dict) -> str:
+    """An answer's key: the prompt's id (it seeds sampling) and messages."""
+    return stable_hash({"id": prompt["id"], "messages": prompt["messages"]})
+
+
+def part_of(prompt_id: str, parts: int) -> int:
+    """The part (of ``parts``) that answers prompt ``prompt_id``: by a hash of the id, so
+    parts stay balanced and a prompt keeps its part when others are added."""
+    return int(hashlib.sha256(prompt_id.encode()).hexdigest()[:8], 16) % parts
+
+
+def current(entries: list[dict], prompts: list[dict]) -> dict[str, dict]:
+    """Per prompt id, the entry that counts among those made for the prompt as it is now (an
+    entry for an earlier version of an edited prompt does not count): an answer over a
+    rejection over a failure, the later of equals."""
+    keys = {p["id"]: prompt_key(p) for p in prompts}
+    out: dict[str, dict] = {}
+    for e in entries:
+        if e.get("key") is None or keys.get(e["id"]) != e["key"]:
+            continue
+        held = out.get(e["id"])
+        if held is None or STATUS_RANK.get(e["status"], 0) >= STATUS_RANK.get(held["status"], 0):
+            out[e["id"]] = e
+    return out
+
+
+def settled(entries: list[dict], prompts: list[dict], max_model_len: int) -> dict[str, dict]:
+    """Entries that need no new request: answers, and rejections made under the same
+    ``max_model_len`` (a longer context may accept the prompt)."""
+    return {
+        pid: e
+        for pid, e in current(entries, prompts).items()
+        if e["status"] == "ok"
+        or (e["status"] == "rejected" and e.get("max_model_len") == max_model_len)
+    }
+
+
+class AnswerStore:
+    """The journals of one fingerprint under ``work_dir``."""
+
+    def __init__(self, work_dir: str | Path, fp: str):
+        self.work_dir = Path(work_dir)
+        self.fingerprint = fp
+        self.dir = self.work_dir / fp[:16]
+
+    def _legacy_is_current(self) -> bool:
+        marker = self.work_dir / "fingerprint.json"
+        try:
+            return read_json(marker).get("fingerprint") == self.fingerprint
+        except (OSError, ValueError):
+            return False
+
+    def journals(self) -> list[Path]:
+        """Every journal of this fingerprint, in the fixed order entries are read in."""
+        found = sorted(self.dir.glob("journal.*.jsonl"))
+        if self._legacy_is_current() and (self.work_dir / LEGACY_JOURNAL).exists():
+            found.insert(0, self.work_dir / LEGACY_JOURNAL)
+        return found
+
+    def read(self) -> list[dict]:
+        """Every complete entry of every journal (a torn last line is left out)."""
+        return [e for path in self.journals() for e in AppendLog(path).read()]
+
+    def journal(self, part: int, parts: int) -> AppendLog:
+        """Part ``part`` of ``parts``'s own journal, opened for appending."""
+        log_ = AppendLog(self.dir / f"journal.part-{part}-of-{parts}.jsonl")
+        log_.open()
+        return log_
+
+    def record_run(self, part: int, parts: int, run: dict) -> None:
+        """What one run of a part generated (for the stage's generation rate)."""
+        runs = AppendLog(self.dir / f"runs.part-{part}-of-{parts}.jsonl")
+        runs.open()
+        runs.append(run)
+        runs.close()
+
+    def runs(self) -> list[dict]:
+        paths = sorted(self.dir.glob("runs.*.jsonl"))
+        if self._legacy_is_current():
+            paths.insert(0, self.work_dir / "runs.jsonl")
+        return [r for path in paths for r in AppendLog(path).read()]
+
+    def discard_others(self) -> None:
+        """Remove the journals of other fingerprints (another target or other generation
+        settings): called once the merged output of this one is written."""
+        if not self.work_dir.is_dir():
+            return
+        legacy = self._legacy_is_current()
+        for path in self.work_dir.iterdir():
+            if path == self.dir:
+                continue
+            if path.is_dir():
+                log.info("synth: discarding answers of other settings in %s", path)
+                shutil.rmtree(path)
+            elif not legacy and path.name in (LEGACY_JOURNAL, "runs.jsonl", "fingerprint.json"):
+                path.unlink()
