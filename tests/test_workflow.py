@@ -130,6 +130,7 @@ def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
         "prompts_train": 0,
         "prompts_bench": 0,
         "synth": 8,
+        "synth_gather": 0,
         "prepare": 0,
         "vocab": 0,
         "extract": 8,
@@ -273,7 +274,7 @@ def test_gpu_quality_profile_plans_both_methods_on_one_gpu(tmp_path):
     gpus = {job_names([j])[0]: j.gpus for j in jobs if j.rule != "all"}
     for method in ("eagle3", "dflash"):
         assert gpus[f"train[method={method}]"] == gpus[f"bench[method={method}]"] == 1
-    assert gpus["synth"] == gpus["extract[part=0]"] == 1
+    assert gpus["synth[part=0]"] == gpus["extract[part=0]"] == 1
     assert by_rule(jobs)["extract"] == 1 and by_rule(jobs)["train"] == 2
     assert "bench_baseline" not in by_rule(jobs)  # measured beside each drafter
 
@@ -412,6 +413,39 @@ def test_nothing_to_do_after_a_complete_run(done_copy):
     out = snakemake("-n", repo=done_copy).output
     assert "Nothing to be done" in out, out
     assert "missing provenance" not in out.lower()
+
+
+def test_synth_jobs_are_parts_of_the_prompts_and_one_gather(tmp_path):
+    """synth.jobs: 3 is three synth jobs, each holding the tensor-parallel GPUs of its own
+    server, and one gather on no GPU that everything downstream reads."""
+    jobs = plan(
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--resources",
+        "gpus=8",
+        "--config",
+        CUDA_TP8,
+        "synth={jobs: 3}",
+        workdir=tmp_path,
+    )
+    gpus = {job_names([j])[0]: j.gpus for j in jobs if j.rule != "all"}
+    assert sorted(n for n in gpus if n.startswith("synth")) == [
+        "synth[part=0]",
+        "synth[part=1]",
+        "synth[part=2]",
+        "synth_gather",
+    ]
+    assert [gpus[f"synth[part={k}]"] for k in range(3)] == [8, 8, 8]
+    assert gpus["synth_gather"] == 0
+
+
+def test_another_number_of_synth_jobs_replans_the_parts_and_their_gather(done_copy):
+    """The parts' params carry synth.jobs (which prompts each answers); the merged answers do
+    not depend on it, and every answer is found again (tests/test_synth_parts.py), so the
+    re-run costs the parts' start-up, not the answers."""
+    jobs = rerun_plan(done_copy, "--config", "synth={jobs: 2}")
+    assert {"synth", "synth_gather", "prepare"} <= set(jobs)
+    assert jobs["synth_gather"].startswith(("Input files updated", "Missing input", "Set of input"))
 
 
 def test_params_change_replans_that_stage_and_downstream(done_copy):
@@ -607,9 +641,9 @@ def test_comment_and_docstring_edits_rerun_nothing(done_copy):
 
 
 def test_logic_edit_replans_importing_stages_and_downstream(done_copy):
-    module = done_copy / "src" / "eagle3_pipeline" / "vocab.py"
+    module = done_copy / "src" / "eagle3_pipeline" / "vocab" / "stage.py"
     closures = code_closures(done_copy)
-    importers = {s for s in STAGES if "vocab" in closures[SCRIPT_OF[s]]}
+    importers = {s for s in STAGES if "vocab.stage" in closures[SCRIPT_OF[s]]}
     assert "vocab" in importers
     with edited(module, real_change):
         jobs = rerun_plan(done_copy)
