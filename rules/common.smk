@@ -140,6 +140,17 @@ def synth_parts():
     return list(range(config["synth"]["jobs"]))
 
 
+def train_nodes_resources():
+    """A train job over several nodes (train.nodes > 1) is one Slurm allocation of that many
+    nodes, one task each; its script runs once, on the first node, and starts torchrun on
+    every node itself (srun inside the allocation: the plugin's `mpi` launch, which runs the
+    job's script without wrapping it in a one-node step). One node needs nothing."""
+    nodes = config["train"]["nodes"]
+    if nodes == 1:
+        return {}
+    return {"nodes": nodes, "tasks": nodes, "mpi": "srun"}
+
+
 def extract_parts():
     return list(range(config["extract"]["jobs"]))
 
@@ -209,6 +220,19 @@ onstart:
                 + "\n  - ".join(_refused)
             )
         planlib.write(PLAN, out("plan.json"))
+    # A train job over several nodes needs an allocation of them: refuse before the first job
+    # rather than after hours of synthesis and extraction.
+    if (
+        workflow.local_exec
+        and config["train"]["nodes"] > 1
+        and int(os.getenv("SLURM_JOB_NUM_NODES") or 0) < config["train"]["nodes"]
+    ):
+        raise WorkflowError(
+            f"train.nodes is {config['train']['nodes']}: the train job spans that many nodes, "
+            "which a local run does not have. Run with --profile profiles/slurm (the train "
+            "job is then one allocation of train.nodes nodes), inside an allocation of that "
+            "many nodes, or set train.nodes: 1."
+        )
     # Local runs only: on a cluster each job gets its own GPUs from the scheduler.
     if workflow.local_exec and global_gpus() is None and any(gpus(s) for s in GPU_STAGES):
         print(

@@ -29,8 +29,9 @@ rule train:
     # feed the data loader workers.
     threads: 64
     resources:
+        **train_nodes_resources(),
         gpus=gpus("train"),
-        gpu=gpus("train"),  # same count, under the name the slurm plugin turns into --gpus
+        gpu=gpus("train") * config["train"]["nodes"],  # all its GPUs: the plugin's --gpus
     params:
         config=lambda wildcards: result("train", method=wildcards.method),
         code=lambda wildcards: code("workflow_scripts/train.py", [wildcards.method]),

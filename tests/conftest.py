@@ -3,10 +3,12 @@ tests/.cache (git-ignored) and reused by every test that needs a real model."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,8 +96,12 @@ def default_config(**overrides) -> dict:
     return cfglib.validate(cfglib.deep_update({}, overrides))
 
 
-def ci_snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
-    """This checkout's workflow on the CI-sized config (tests/configs/ci.yaml) in ``workdir``."""
+def ci_snakemake(
+    workdir: Path, *args: str, slurm=None, timeout: int = 3600, background: bool = False
+):
+    """This checkout's workflow on the CI-sized config (tests/configs/ci.yaml) in ``workdir``;
+    with ``slurm`` (a LocalSlurm) through the Slurm profile, every job a Slurm job.
+    ``background``: the process, started (output to ``workdir``/snakemake.out)."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     cmd = [
         str(Path(sys.executable).parent / "snakemake"),
@@ -105,18 +111,53 @@ def ci_snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.C
         str(workdir),
         "--configfile",
         str(REPO / "tests/configs/ci.yaml"),
-        "--cores",
-        "2",
-        *args,
     ]
+    if slurm is None:
+        cmd += ["--cores", "2"]
+    else:
+        env = slurm.environ(env)
+        # the plugin's first status check after a second instead of 40 (jobs here are short)
+        cmd += [
+            "--profile",
+            str(REPO / "profiles" / "slurm"),
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+        ]
+    cmd += list(args)
+    if background:
+        out = open(workdir / "snakemake.out", "w")  # noqa: SIM115 - the process holds it
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
-def ci_run(tmp_path_factory) -> Path:
-    """The working directory of one finished CI-sized run of the whole DAG, shared by the
-    end-to-end checks and the rerun matrix (which works on a copy). EAGLE3_CI_RUN=<dir> names
-    a finished one to reuse (while working on these tests; it is checked to be up to date)."""
+def slurm(tmp_path_factory):
+    """A real Slurm cluster on this machine (Debian's slurmctld, slurmd, slurmdbd, munge and
+    MariaDB, installed with apt-get when missing; tests/local_slurm.py): two nodes of 8
+    GPU devices, 128 CPUs and 1 TB each as the Slurm profile's jobs ask for them (nothing is
+    enforced), its partition and account, accounting for sacct."""
+    from local_slurm import LocalSlurm
+
+    cluster = LocalSlurm(
+        nodes=2,
+        gpus_per_node=8,
+        cpus_per_node=128,
+        mem_mb_per_node=1_000_000,
+        account="my_account",
+    )
+    cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def ci_run(tmp_path_factory, slurm) -> Path:
+    """The working directory of one finished CI-sized run of the whole DAG through the local
+    Slurm cluster (--profile profiles/slurm), shared by the end-to-end checks, the Slurm
+    checks and the rerun matrix (which works on a copy). While it runs, one synth job is
+    cancelled with scancel once it has journaled answers: the profile's retry resubmits it
+    and the run finishes (what the cancel cost is in cancelled_synth.json). EAGLE3_CI_RUN=<dir>
+    names a finished one to reuse (while working on these tests; checked to be up to date)."""
     if os.environ.get("EAGLE3_CI_RUN"):
         work = Path(os.environ["EAGLE3_CI_RUN"])
         proc = ci_snakemake(work, "-n")
@@ -125,8 +166,44 @@ def ci_run(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("e2e")
     shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under ci
     shutil.copytree(REPO / "tests" / "data", work / "data")  # the config's user prompt files
-    proc = ci_snakemake(work)
-    log = proc.stdout + proc.stderr
-    (work / "snakemake.out").write_text(log)
-    assert proc.returncode == 0, log[-6000:]
+    proc = ci_snakemake(work, slurm=slurm, background=True)
+    try:
+        cancelled = cancel_a_synth_job(slurm, work, proc)
+        rc = proc.wait(timeout=3600)
+    finally:
+        if proc.poll() is None:  # snakemake does not stop on SIGTERM while it polls Slurm
+            proc.kill()
+            proc.wait()
+    log = (work / "snakemake.out").read_text()
+    assert rc == 0, log[-6000:]
+    (work / "cancelled_synth.json").write_text(json.dumps(cancelled))
     return work
+
+
+def journaled_answers(run_dir: Path) -> list[dict]:
+    """Every answer in a run's synth journals (all parts)."""
+    from eagle3_pipeline.runtime.files import AppendLog
+
+    journals = sorted((run_dir / "synth" / ".partial").rglob("journal*.jsonl"))
+    return [e for p in journals for e in AppendLog(p).read() if e["status"] == "ok"]
+
+
+def cancel_a_synth_job(slurm, work: Path, proc, timeout: float = 1800) -> dict:
+    """scancel the first synth job seen running once its part has journaled an answer; what
+    was journaled by then. Fails if the run ends first."""
+    run_dir = work / "results" / "ci"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        assert proc.poll() is None, "the run ended before a synth job could be cancelled"
+        rows = slurm.run("squeue", "--noheader", "--format=%i|%T|%k", check=False).stdout
+        running = [r.split("|") for r in rows.splitlines() if "|RUNNING|rule_synth_wild" in r]
+        if running and journaled_answers(run_dir):
+            job_id, _, comment = running[0]
+            slurm.run("scancel", job_id)
+            return {
+                "job_id": job_id,
+                "comment": comment,
+                "journaled_before_cancel": len(journaled_answers(run_dir)),
+            }
+        time.sleep(1)
+    raise TimeoutError("no synth job journaled an answer in time")

@@ -40,6 +40,7 @@ def fingerprint(
     *,
     train_config: dict[str, Any],
     gpus: int,
+    nodes: int = 1,
     dataset_dir: str | Path,
     manifest: dict[str, Any],
     d2t: str | Path,
@@ -58,7 +59,8 @@ def fingerprint(
     skip = OPERATIONAL | PATHS
     parts = {
         "params": {k: v for k, v in sorted(train_config.items()) if k not in skip},
-        "world_size": max(1, int(gpus)),
+        # the processes training shares data between: their number sets the global batch
+        "world_size": max(1, int(gpus)) * int(nodes),
         "dataset": sha256_tree(dataset_dir),
         "hidden_states": {k: manifest[k] for k in HIDDEN_STATES_KEYS},
         "d2t": sha256_file(d2t),

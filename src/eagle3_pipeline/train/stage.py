@@ -17,7 +17,7 @@ from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, traini
 from .errors import TrainError
 from .export import export_checkpoint
 from .fingerprint import fingerprint, prepare_work_dir
-from .launcher import child_env, launch, launch_command
+from .launcher import child_env, launch, launch_command, multi_node_command
 from .metrics import METRICS_FORMAT, RECORDS, read_records, summarize
 from .plot import plot
 from .trainer_config import draft_vocab_size_of, resolve_auto, trainer_args
@@ -63,6 +63,7 @@ def run(
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     gpus = int(cfg.get("gpus", 0))
+    nodes = int(cfg.get("nodes", 1))
     target_window = consistency.target_model_window(verifier)
     if cfg.get("sliding_window") is None and target_window is not None:
         log.warning(
@@ -95,6 +96,7 @@ def run(
     fp = fingerprint(
         train_config=train_config,
         gpus=gpus,
+        nodes=nodes,
         dataset_dir=dataset_dir,
         manifest=manifest,
         d2t=d2t,
@@ -107,7 +109,7 @@ def run(
         "train %s: %d epoch(s), %s, draft vocab %d, aux layers %s, %s",
         method,
         cfg["epochs"],
-        f"{gpus} GPU(s)" if gpus else "CPU",
+        (f"{gpus} GPU(s)" if gpus else "CPU") + (f" on each of {nodes} nodes" if nodes > 1 else ""),
         k,
         aux_layer_ids,
         "resuming from work dir" if kept else "fresh work dir",
@@ -141,7 +143,10 @@ def run(
         }
         job_path = work / "job.json"
         write_json(job_path, job)
-        cmd = launch_command(job_path, gpus)
+        if nodes > 1:
+            cmd = multi_node_command(job_path, gpus, nodes)
+        else:
+            cmd = launch_command(job_path, gpus)
         log.info("launching attempt %d: %s", attempt, " ".join(cmd))
         rc = launch(cmd, child_env(gpus), log_path)
         val_epochs = {int(r["epoch"]) for r in read_records(records_path) if r["kind"] == "val"}
@@ -194,7 +199,7 @@ def run(
             "positions": n_positions,
             "resolved": resolved,
             "trainer": train_config,
-            "launch": launch_command(work / "job.json", gpus),
+            "launch": launch_command(work / "job.json", gpus, nodes),
         },
         "fingerprint": fp["hash"],
         "this_run": this_run,
