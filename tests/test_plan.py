@@ -6,6 +6,7 @@ cannot be fetched, a GPU target trained on the CPU)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def plan_lines(output: str) -> dict[str, str]:
     return lines
 
 
+def stage_rows(output: str) -> dict[str, list[str]]:
+    """The plan's per-stage table of a snakemake output: its cells by stage, from jobs on."""
+    lines = output[output.index("Plan for ") :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("per stage"))
+    rows = {}
+    for line in lines[start + 2 :]:  # after the line that heads the table and its header
+        if not line.startswith("    "):
+            break
+        stage, *cells = re.split(r"\s{2,}", line.strip())
+        rows[stage] = cells
+    return rows
+
+
 def dry_run(workdir: Path, configfile: str, *config: str, check: bool = True, real=False):
     args = ["--cores", "1", "--configfile", str(REPO / "config" / configfile)]
     args += ["--config", *config] if config else []
@@ -72,9 +86,14 @@ def test_kimi_plan_printed_by_a_dry_run(kimi, tmp_path):
     # INT4 routed experts (4 bits + a bf16 scale per 32), the rest bf16: ~594 GB published
     assert lines["weights"].startswith("553.4 GiB (estimate from config.json)")
     assert lines["GPU memory"].startswith("69.2 GiB of weights per GPU at TP 8")
-    assert lines["GPUs per job"] == (
-        "synth 8 (1 job), extract 8 (1 job(s)), train 8 (1 job(s)), bench 8"
-    )
+    # jobs and GPUs per job; bench: the shared baseline (bench.pairing: separate) and eagle3
+    rows = stage_rows(proc.output)
+    assert {stage: cells[:2] for stage, cells in rows.items()} == {
+        "synth": ["1", "8"],
+        "extract": ["1", "8"],
+        "train": ["1", "8"],
+        "bench": ["2", "8"],
+    }
     # 10,000 prompts less 8 held out, each up to prepare.seq_length 8192 tokens, 4 layers of 7168
     rows = 10000 - 8
     hs = rows * planlib.sample_bytes(8192, 4, 7168, "bf16")
@@ -97,9 +116,13 @@ def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
     lines = plan_lines(out)
     assert lines["layers"].startswith("aux [2, 16, 29] + final 32")
     assert lines["weights"].startswith("15.0 GiB")  # 8.03B bf16 parameters
-    assert lines["GPUs per job"] == (
-        "synth 1 (1 job), extract 1 (1 job(s)), train 4 (1 job(s)), bench 1"
-    )
+    rows = stage_rows(out)
+    assert {stage: cells[:2] for stage, cells in rows.items()} == {
+        "synth": ["1", "1"],
+        "extract": ["1", "1"],
+        "train": ["1", "4"],
+        "bench": ["1", "1"],
+    }
     assert lines["extract time"].startswith("~ ")  # measured on the Llama-3.1-8B shape
     assert "h200_extract_throughput_8b_waitthreads_rounds.json" in lines["extract time"]
 
@@ -229,5 +252,5 @@ def test_a_real_run_writes_its_plan(tmp_path, llama):
     )
     plan = json.loads((tmp_path / "results" / "planned" / "plan.json").read_text())
     assert plan["problems"] == [] and plan["layers"]["aux"] == [2, 16, 29]
-    assert plan["jobs"]["train"]["gpus_per_job"] == 0 and "gpu_memory" not in plan
+    assert plan["stages"]["train"]["gpus_per_job"] == 0 and "gpu_memory" not in plan
     assert "Plan for results/planned" in proc.output
