@@ -305,6 +305,11 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def _gpu_hours(e: dict) -> str:
+    hours = e["gpu_hours"]
+    return f"{e['bound']} {hours:,.0f}" if hours >= 10 else f"{e['bound']} {hours:.1f}"
+
+
 def _count(n: float) -> str:
     """A count of billions or millions of tokens, short enough to read."""
     for size, suffix in ((1e9, "B"), (1e6, "M")):
@@ -328,6 +333,11 @@ def _stage_time(stage: dict) -> str:
         f"{jobs} job{'s' if jobs > 1 else ''} / {rate}{load} (estimate: rate measured on "
         f"{e['measured_on']}, {e['file']})"
     )
+    if stage.get("servers_per_job", 1) > 1:
+        text += (
+            f"; {stage['servers_per_job']} servers share each job's GPU: their gain is not "
+            "measured, so not counted"
+        )
     if stage.get("read_bytes_per_s"):
         speeds = ", ".join(f"{v / 1e9:,.1f} GB/s {k}" for k, v in stage["read_bytes_per_s"].items())
         text += f"; the GPUs keep that rate only if the hidden states are read at {speeds}"
@@ -358,7 +368,7 @@ def _stage_table(stages: dict) -> list[str]:
                 per_job if gpus else "CPU",
                 f"{st['jobs'] * gpus:,}" if gpus else "-",
                 f"{e['bound']} {_hours(e['seconds'])}" if e else "not estimated",
-                f"{e['bound']} {e['gpu_hours']:,.0f}" if e and gpus else "-",
+                _gpu_hours(e) if e and gpus else "-",
                 " / ".join(_gib(b) for b in hs["bytes"].values()) + f" {hs['io']}" if hs else "-",
             )
         )
@@ -425,12 +435,12 @@ def format_plan(plan: dict) -> str:
         for name, st in stages.items():
             add(f"{name} time", _stage_time(st))
         t = plan["totals"]
-        gpu_hours = f" and {t['bound']} {t['gpu_hours']:,.0f} GPU-hours" if t["gpu_hours"] else ""
+        gpu_hours = f" and {_gpu_hours(t)} GPU-hours" if t["gpu_hours"] else ""
+        not_counted = ", ".join([*t["left_out"], "the CPU-only stages"])
         add(
             "run total",
             f"{t['bound']} {_hours(t['seconds'])}{gpu_hours}: {' + '.join(t['stages'])} one "
-            f"after another (estimates; not counted: {', '.join([*t['left_out'], ''])}the "
-            "CPU-only stages)",
+            f"after another (estimates; not counted: {not_counted})",
         )
     if plan.get("model_load"):
         m = plan["model_load"]

@@ -164,11 +164,12 @@ def run_totals(stages: dict) -> dict[str, Any]:
     """The estimated stages one after another (each waits for the one before): their wall
     times and GPU-hours added up, and which stages are left out."""
     estimated = {s: v["estimate"] for s, v in stages.items() if v.get("estimate")}
-    bounds = {e["bound"] for e in estimated.values()}
+    bounds = {e["bound"] for e in estimated.values()} - {"~"}
     return {
         "seconds": sum(e["seconds"] for e in estimated.values()),
         "gpu_hours": sum(e["gpu_hours"] for e in estimated.values()),
-        # a sum of lower bounds is one; of mixed bounds, neither
+        # a lower bound added to estimates of about the right size is still one; a lower and an
+        # upper bound added up are neither
         "bound": bounds.pop() if len(bounds) == 1 else "~",
         "stages": list(estimated),
         "left_out": [s for s in stages if s not in estimated],
