@@ -111,6 +111,153 @@ def test_kimi_plan_printed_by_a_dry_run(kimi, tmp_path):
     assert "WARNING [disk], a real run stops before its first job" in proc.output
 
 
+# The anchor-scale Kimi-K2.5 run of docs/plan.md and docs/cluster.md: 600K prompts, 16 synth
+# jobs and 8 extraction jobs of a TP=8 server each, training on 2 nodes of 8 GPUs.
+ANCHOR = {
+    "prompts": {"train": [{"source": "sharegpt", "n": 600_000}]},
+    "synth": {"jobs": 16},
+    "extract": {"jobs": 8},
+    "train": {"nodes": 2},
+    "vllm": {"gpu_memory_gib": 141},
+}
+ANCHOR_SAMPLES = 600_000 - 8  # prompts.heldout: 8
+ANCHOR_TOKENS = ANCHOR_SAMPLES * 8192  # every row up to prepare.seq_length (an upper bound)
+
+
+def measured(file: str, *keys: str) -> float:
+    """A rate from benchmarks/results/efficiency/ as the plan reads it (to 0.1)."""
+    value = json.loads((REPO / "benchmarks/results/efficiency" / file).read_text())
+    for key in keys:
+        value = value[key]
+    return round(value, 1)
+
+
+def anchor_plan(kimi: Path, tmp_path: Path, **changes) -> dict:
+    sections = json.loads(json.dumps(ANCHOR))  # a copy: changes merge into it
+    return planlib.make_plan(
+        profile("kimi-k2.5", kimi, **cfglib.deep_update(sections, changes)), tmp_path / "kimi"
+    )
+
+
+def model_load_s(plan: dict) -> float:
+    """A load of the weights at 1 GB/s: the fast end of the 10-40 min for ~600 GB that the
+    Kimi-K2.5 profiles state."""
+    return plan["target"]["weight_bytes"] / 1e9
+
+
+def test_each_stage_has_its_jobs_gpu_hours_and_wall_time(kimi, tmp_path):
+    plan = anchor_plan(kimi, tmp_path)
+    stages, load = plan["stages"], model_load_s(plan)
+    # synth: 16 jobs of 8 GPUs, every answer up to synth.max_tokens 16,384, split over the jobs,
+    # at the rate measured on the nearest (smaller) target, plus one load per job
+    synth_rate = measured("h200_synth_throughput_repeat2_rounds.json", "median", "pipeline")
+    synth_s = ANCHOR_SAMPLES * 16384 / 16 / synth_rate + load
+    synth = stages["synth"]
+    assert (synth["jobs"], synth["gpus_per_job"]) == (16, 8)
+    assert synth["estimate"]["seconds"] == pytest.approx(synth_s, abs=1)
+    assert synth["estimate"]["gpu_hours"] == pytest.approx(16 * 8 * synth_s / 3600, rel=1e-6)
+    extract_rate = measured(
+        "h200_extract_throughput_8b_waitthreads_rounds.json", "median", "extract"
+    )
+    extract_s = ANCHOR_TOKENS / 8 / extract_rate + load
+    extract = stages["extract"]
+    assert (extract["jobs"], extract["gpus_per_job"]) == (8, 8)
+    assert extract["estimate"]["seconds"] == pytest.approx(extract_s, abs=1)
+    assert extract["estimate"]["gpu_hours"] == pytest.approx(8 * 8 * extract_s / 3600, rel=1e-6)
+    # train: one job over 2 nodes x 8 GPUs, 10 epochs of the 95% of rows that are not validation,
+    # data parallel at the rate per GPU; it loads no target
+    train_rate = measured("h200_train_throughput.json", "ours", "tokens_per_s_per_gpu")
+    train_s = ANCHOR_TOKENS * 0.95 * 10 / (train_rate * 16)
+    train = stages["train"]
+    assert (train["jobs"], train["gpus_per_job"], train["nodes_per_job"]) == (1, 16, 2)
+    assert train["estimate"]["seconds"] == pytest.approx(train_s, abs=1)
+    assert train["estimate"]["gpu_hours"] == pytest.approx(16 * train_s / 3600, rel=1e-6)
+    assert train["estimate"]["load_seconds"] == 0
+    # bench: the shared baseline and the eagle3 drafter, not estimated (no rate)
+    assert (stages["bench"]["jobs"], stages["bench"]["gpus_per_job"]) == (2, 8)
+    assert "estimate" not in stages["bench"] and stages["bench"]["not_estimated"]
+    # the stages run one after another; measured on smaller models, each a lower bound
+    totals = plan["totals"]
+    assert totals["seconds"] == pytest.approx(synth_s + extract_s + train_s, abs=3)
+    assert totals["gpu_hours"] == pytest.approx(
+        (128 * synth_s + 64 * extract_s + 16 * train_s) / 3600, rel=1e-6
+    )
+    assert totals["bound"] == ">=" and totals["left_out"] == ["bench"]
+    # the global batch grows with the processes; the learning rate stays as configured
+    assert plan["train_batch"] == {
+        "tokens_per_process": 8192,
+        "processes": 16,
+        "gpus_per_node": 8,
+        "nodes": 2,
+        "global_tokens": 131_072,
+        "lr": 0.0001,
+    }
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_hidden_state_bytes_in_both_storages(kimi, tmp_path, monkeypatch, storage):
+    """Both sizes whichever storage is configured; the disk check uses the configured one."""
+    both = {s: ANCHOR_SAMPLES * planlib.sample_bytes(8192, 4, 7168, s) for s in ("bf16", "fp8")}
+    assert 0.5 < both["fp8"] / both["bf16"] < 0.51  # one byte a value and a scale per token
+    # a disk that holds the fp8 states with their margin but not the bf16 ones
+    usage = shutil.disk_usage(tmp_path)
+    free = int(both["fp8"] * 1.2 * 1.01)
+    monkeypatch.setattr(planlib.shutil, "disk_usage", lambda p: usage._replace(free=free))
+    plan = anchor_plan(kimi, tmp_path, extract={"storage": storage})
+    assert plan["disk"]["bytes_by_storage"] == both
+    assert plan["disk"]["hidden_state_bytes"] == both[storage]
+    assert plan["stages"]["extract"]["hidden_states"] == {"bytes": both, "io": "written"}
+    assert plan["stages"]["train"]["hidden_states"]["bytes"] == both
+    refused = {p["check"] for p in plan["problems"]}
+    assert refused == ({"disk"} if storage == "bf16" else set())
+    # what the GPUs of training must be fed, per storage: bytes per token x tokens per second
+    train_rate = measured("h200_train_throughput.json", "ours", "tokens_per_s_per_gpu")
+    read = plan["stages"]["train"]["read_bytes_per_s"]
+    for s in both:
+        assert read[s] == pytest.approx(both[s] / ANCHOR_TOKENS * train_rate * 16)
+
+
+def test_the_anchor_plan_scales_with_samples_jobs_and_nodes(kimi, tmp_path):
+    base = anchor_plan(kimi, tmp_path)
+    load = model_load_s(base)
+
+    def estimate(plan, stage):
+        return plan["stages"][stage]["estimate"]
+
+    # twice the samples: twice the work in every stage; the loads (one per job) stay
+    twice = anchor_plan(
+        kimi, tmp_path, prompts={"train": [{"source": "sharegpt", "n": 2 * ANCHOR_SAMPLES + 8}]}
+    )
+    for stage, gpus in (("synth", 128), ("extract", 64)):
+        loads = gpus * load / 3600
+        assert estimate(twice, stage)["gpu_hours"] - loads == pytest.approx(
+            2 * (estimate(base, stage)["gpu_hours"] - loads), rel=1e-6
+        )
+    assert estimate(twice, "train")["gpu_hours"] == pytest.approx(
+        2 * estimate(base, "train")["gpu_hours"], rel=1e-6
+    )
+    # twice the synth jobs: half the wall time but for the load, the same GPU-hours plus the
+    # 16 more jobs' loads
+    more_jobs = anchor_plan(kimi, tmp_path, synth={"jobs": 32})
+    assert estimate(more_jobs, "synth")["seconds"] - load == pytest.approx(
+        (estimate(base, "synth")["seconds"] - load) / 2, abs=1
+    )
+    assert estimate(more_jobs, "synth")["gpu_hours"] == pytest.approx(
+        estimate(base, "synth")["gpu_hours"] + 16 * 8 * load / 3600, rel=1e-6
+    )
+    # twice the training nodes: half the wall time, the same GPU-hours, twice the global batch
+    # at the same learning rate
+    more_nodes = anchor_plan(kimi, tmp_path, train={"nodes": 4})
+    assert estimate(more_nodes, "train")["seconds"] == pytest.approx(
+        estimate(base, "train")["seconds"] / 2, abs=1
+    )
+    assert estimate(more_nodes, "train")["gpu_hours"] == pytest.approx(
+        estimate(base, "train")["gpu_hours"], rel=1e-4
+    )
+    assert more_nodes["train_batch"]["global_tokens"] == 2 * base["train_batch"]["global_tokens"]
+    assert more_nodes["train_batch"]["lr"] == base["train_batch"]["lr"]
+
+
 def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
     out = dry_run(tmp_path, "llama-8b.yaml", f"target={{path: {llama}}}").output
     lines = plan_lines(out)
