@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -256,6 +258,50 @@ def test_the_anchor_plan_scales_with_samples_jobs_and_nodes(kimi, tmp_path):
     )
     assert more_nodes["train_batch"]["global_tokens"] == 2 * base["train_batch"]["global_tokens"]
     assert more_nodes["train_batch"]["lr"] == base["train_batch"]["lr"]
+
+
+PLAN_MD = REPO / "docs" / "plan.md"
+
+
+def documented_plans() -> list[tuple[str, str]]:
+    """docs/plan.md's example plans: each `snakemake -n` command (its continuation lines
+    joined) and the plan printed in the code block right after it."""
+    blocks = [b for b in PLAN_MD.read_text().split("\n\n") if b.startswith("    ")]
+    return [
+        (
+            " ".join(line.strip().removesuffix("\\").strip() for line in command.splitlines()),
+            "\n".join(line[4:] for line in shown.splitlines()),
+        )
+        for command, shown in pairwise(blocks)
+        if command.startswith("    snakemake -n ") and shown.startswith("    Plan for ")
+    ]
+
+
+def without_the_machine(plan: str) -> str:
+    """A printed plan less what depends on the machine that printed it: where the stand-in
+    model and the run directory are, and the free disk there."""
+    plan = re.sub(r"from \S+/([^/\s]+)/config\.json", r"from .../\1/config.json", plan)
+    plan = re.sub(r"free at \S+", "free at <workdir>", plan)
+    plan = re.sub(r"but \S+ has", "but <workdir> has", plan)
+    plan = re.sub(r"[\d,.]+ GiB free", "<free> GiB free", plan)
+    return re.sub(r"Free [\d,.]+ GiB", "Free <short> GiB", plan)
+
+
+def test_plan_md_shows_the_plain_and_the_anchor_scale_plans():
+    commands = [command for command, _ in documented_plans()]
+    assert len(commands) == 2, commands
+    assert "n: 600000" in commands[1] and "synth={jobs: 16}" in commands[1]
+
+
+@pytest.mark.parametrize("command,shown", documented_plans(), ids=["10k", "600k"])
+def test_the_plans_in_plan_md_are_what_their_commands_print(command, shown, tmp_path):
+    args = shlex.split(command.replace("$PWD", str(REPO)))[1:]  # the words after `snakemake`
+    args = [str(REPO / a) if a.startswith("config/") else a for a in args]
+    output = snakemake(*args, workdir=tmp_path).output
+    lines = output[output.index("Plan for ") :].splitlines()
+    # the plan's lines: its heading, then every line indented under it
+    end = next((i for i, line in enumerate(lines) if i and not line.startswith("  ")), len(lines))
+    assert without_the_machine("\n".join(lines[:end])) == without_the_machine(shown)
 
 
 def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):

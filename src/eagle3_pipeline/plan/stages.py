@@ -144,8 +144,8 @@ def stage_estimates(
     if hidden_state_bytes:
         out["train"]["hidden_states"] = {"bytes": hidden_state_bytes, "io": "read each epoch"}
     if out["train"]["estimate"] and processes:
-        # the rate was measured with the hidden states at hand: a shared file system must
-        # deliver this much for the GPUs to keep it
+        # the rate was measured on a few hidden-state files read again and again (from memory):
+        # a shared file system must deliver this much for the GPUs to keep it
         tokens_per_s = train_rate["rate"] * max(processes, 1)
         out["train"]["read_bytes_per_s"] = {
             storage: size / tokens * tokens_per_s for storage, size in hidden_state_bytes.items()
