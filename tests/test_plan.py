@@ -304,6 +304,16 @@ def test_the_plans_in_plan_md_are_what_their_commands_print(command, shown, tmp_
     assert without_the_machine("\n".join(lines[:end])) == without_the_machine(shown)
 
 
+def test_cluster_md_quotes_the_anchor_plan_of_plan_md():
+    """docs/cluster.md's table of the 600K plan: every time and GPU-hours figure is one the
+    plan in docs/plan.md prints (that one is checked against the code above)."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    section = text[text.index("## The plan at anchor scale") :]
+    quoted = re.findall(r">= [\d,.]+(?: h| min)?", section.split("\n\n")[2])
+    _, shown = documented_plans()[1]
+    assert len(quoted) == 8 and all(figure in shown for figure in quoted), quoted
+
+
 def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
     out = dry_run(tmp_path, "llama-8b.yaml", f"target={{path: {llama}}}").output
     lines = plan_lines(out)
