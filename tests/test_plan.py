@@ -219,6 +219,14 @@ def test_hidden_state_bytes_in_both_storages(kimi, tmp_path, monkeypatch, storag
         assert read[s] == pytest.approx(both[s] / ANCHOR_TOKENS * train_rate * 16)
 
 
+def test_an_external_synth_endpoint_is_neither_estimated_nor_counted(kimi, tmp_path):
+    plan = anchor_plan(kimi, tmp_path, synth={"endpoint": "http://127.0.0.1:9/v1"})
+    synth = plan["stages"]["synth"]
+    assert synth["gpus_per_job"] == 0 and synth["estimate"] is None
+    assert "synth.endpoint" in synth["not_estimated"]
+    assert plan["totals"]["stages"] == ["extract", "train"]
+
+
 def test_the_anchor_plan_scales_with_samples_jobs_and_nodes(kimi, tmp_path):
     base = anchor_plan(kimi, tmp_path)
     load = model_load_s(base)

@@ -36,8 +36,9 @@ def stage_jobs(cfg: dict) -> dict[str, dict[str, Any]]:
     synth, train = cfg["synth"], cfg["train"]
     drafters = len(train["methods"])
     return {
+        # with synth.endpoint its jobs are clients of a server running elsewhere: no GPU here
         "synth": {
-            "jobs": 0 if synth["endpoint"] else synth["jobs"],
+            "jobs": synth["jobs"],
             "gpus_per_job": stage_gpus(cfg, "synth"),
             "servers_per_job": synth["servers_per_gpu"],
         },
@@ -116,10 +117,15 @@ def stage_estimates(
     load_s = model_load_seconds(weight_bytes) if device == "cuda" else 0.0
     out = {stage: dict(j) for stage, j in jobs.items()}
 
-    # synth: every answer up to synth.max_tokens (an upper bound, like the rows)
+    # synth: every answer up to synth.max_tokens (an upper bound, like the rows); an external
+    # endpoint answers at a speed nothing here measured
     answer_tokens = samples * cfg["synth"]["max_tokens"] if samples is not None else None
     synth_rate = measured_rate("synth", device, shape["params_active"])
-    out["synth"]["estimate"] = job_estimate(jobs["synth"], answer_tokens, synth_rate, load_s)
+    out["synth"]["estimate"] = (
+        None
+        if cfg["synth"]["endpoint"]
+        else job_estimate(jobs["synth"], answer_tokens, synth_rate, load_s)
+    )
     out["synth"]["work_unit"] = "answer tokens"
 
     extract_rate = measured_rate("extract", device, shape["params_active"])
@@ -146,13 +152,13 @@ def stage_estimates(
     if out["train"]["estimate"] and processes:
         # the rate was measured on a few hidden-state files read again and again (from memory):
         # a shared file system must deliver this much for the GPUs to keep it
-        tokens_per_s = train_rate["rate"] * max(processes, 1)
+        tokens_per_s = train_rate["rate"] * processes
         out["train"]["read_bytes_per_s"] = {
             storage: size / tokens * tokens_per_s for storage, size in hidden_state_bytes.items()
         }
 
     if cfg["synth"]["endpoint"]:
-        out["synth"]["not_estimated"] = "external endpoint"
+        out["synth"]["not_estimated"] = "external endpoint (synth.endpoint)"
     out["bench"]["not_estimated"] = "no measured rate for the bench stage"
     for stage in ("synth", "extract", "train"):
         if not out[stage]["estimate"] and "not_estimated" not in out[stage]:
