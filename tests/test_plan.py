@@ -384,6 +384,18 @@ def test_weights_larger_than_the_gpus_at_the_tp_size(kimi, tmp_path):
     assert "gpu_memory" not in {p["check"] for p in planlib.make_plan(ok, tmp_path)["problems"]}
 
 
+def test_synth_servers_sharing_a_gpu_must_each_hold_the_weights(llama, tmp_path):
+    """8 servers on an 80 GiB GPU get 0.9/8 of it each, 9 GiB: less than 15 GiB of weights."""
+    cfg = profile("llama-8b", llama, synth={"servers_per_gpu": 8}, vllm={"gpu_memory_gib": 80})
+    plan = planlib.make_plan(cfg, tmp_path / "llama")
+    (msg,) = [p["message"] for p in plan["problems"] if p["check"] == "gpu_memory"]
+    assert "each with 0.9/8 of its 80 GiB = 9.0 GiB" in msg and "at most 4" in msg
+    cfg = profile("llama-8b", llama, synth={"servers_per_gpu": 4}, vllm={"gpu_memory_gib": 80})
+    plan = planlib.make_plan(cfg, tmp_path / "llama")
+    assert "gpu_memory" not in {p["check"] for p in plan["problems"]}
+    assert plan["gpu_memory"]["synth_server_share"] == pytest.approx(0.9 / 4)
+
+
 def test_train_gpus_auto_follows_the_device():
     assert cfglib.validate({})["train"]["gpus"] == 0
     gpu = cfglib.validate({"vllm": {"device": "cuda", "tensor_parallel_size": 2}})

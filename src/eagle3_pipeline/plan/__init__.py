@@ -135,6 +135,32 @@ def memory_utilization(args: list[str]) -> float:
     return VLLM_GPU_MEMORY_UTILIZATION
 
 
+def shared_gpu_problems(cfg: dict, weights: int, gib: float, memory: dict) -> list[dict]:
+    """synth.servers_per_gpu servers on one GPU share the memory one server may use: each must
+    still hold the weights (a tensor-parallel size of 1 is the only one allowed with them)."""
+    servers = cfg["synth"]["servers_per_gpu"]
+    if servers == 1:
+        return []
+    util = memory_utilization([*cfg["vllm"]["extra_args"], *cfg["synth"]["server_args"]])
+    memory["synth_servers_per_gpu"] = servers
+    memory["synth_server_share"] = util / servers
+    if weights <= gib * GIB * util / servers:
+        return []
+    fit = max(math.floor(gib * GIB * util / weights), 1)
+    return [
+        {
+            "check": "gpu_memory",
+            "message": (
+                f"synth.servers_per_gpu: {servers} synth servers share each GPU, each with "
+                f"{util}/{servers} of its {gib:.0f} GiB = {gib * util / servers:.1f} GiB, less "
+                f"than the target's {weights / GIB:.1f} GiB of weights. Set "
+                f"synth.servers_per_gpu to at most {fit}, or set {ALLOW_KEY}: [gpu_memory] to "
+                "proceed anyway."
+            ),
+        }
+    ]
+
+
 # ---- the plan ---------------------------------------------------------------------------------
 
 
@@ -274,7 +300,8 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
                 "[gpu_memory] to proceed anyway."
             )
             problems.append({"check": "gpu_memory", "message": msg})
-    if v["device"] == "cuda":
+        elif gib is not None:
+            problems += shared_gpu_problems(cfg, weights, gib, plan["gpu_memory"])
         plan["model_load"] = {
             "seconds": round(model_load_seconds(weights)),
             "weight_bytes": weights,
@@ -422,7 +449,13 @@ def format_plan(plan: dict) -> str:
         add(
             "GPU memory",
             f"{_gib(g['weights_per_gpu_bytes'])} of weights per GPU at TP "
-            f"{g['tensor_parallel_size']} vs {gpu} x {g['utilization']} ({g['gpu_gib_from']})",
+            f"{g['tensor_parallel_size']} vs {gpu} x {g['utilization']} ({g['gpu_gib_from']})"
+            + (
+                f"; synth: {g['synth_servers_per_gpu']} servers per GPU, "
+                f"x {g['synth_server_share']:.3g} each"
+                if g.get("synth_servers_per_gpu")
+                else ""
+            ),
         )
     stages = plan["stages"]
     add(
