@@ -412,7 +412,7 @@ def _stage_table(stages: dict) -> list[str]:
 
 
 def format_plan(plan: dict) -> str:
-    """The plan as a short table of label: value lines."""
+    """The plan as label: value lines, with a table of the GPU stages."""
     lines = [f"Plan for {plan['run']} (docs/plan.md):"]
     add = lambda k, val: lines.append(f"  {k:<17} {val}")  # noqa: E731
     tg = plan.get("target")
