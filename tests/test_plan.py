@@ -6,7 +6,10 @@ cannot be fetched, a GPU target trained on the CPU)."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,19 @@ def plan_lines(output: str) -> dict[str, str]:
     return lines
 
 
+def stage_rows(output: str) -> dict[str, list[str]]:
+    """The plan's per-stage table of a snakemake output: its cells by stage, from jobs on."""
+    lines = output[output.index("Plan for ") :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("per stage"))
+    rows = {}
+    for line in lines[start + 2 :]:  # after the line that heads the table and its header
+        if not line.startswith("    "):
+            break
+        stage, *cells = re.split(r"\s{2,}", line.strip())
+        rows[stage] = cells
+    return rows
+
+
 def dry_run(workdir: Path, configfile: str, *config: str, check: bool = True, real=False):
     args = ["--cores", "1", "--configfile", str(REPO / "config" / configfile)]
     args += ["--config", *config] if config else []
@@ -72,9 +88,14 @@ def test_kimi_plan_printed_by_a_dry_run(kimi, tmp_path):
     # INT4 routed experts (4 bits + a bf16 scale per 32), the rest bf16: ~594 GB published
     assert lines["weights"].startswith("553.4 GiB (estimate from config.json)")
     assert lines["GPU memory"].startswith("69.2 GiB of weights per GPU at TP 8")
-    assert lines["GPUs per job"] == (
-        "synth 8 (1 job), extract 8 (1 job(s)), train 8 (1 job(s)), bench 8"
-    )
+    # jobs and GPUs per job; bench: the shared baseline (bench.pairing: separate) and eagle3
+    rows = stage_rows(proc.output)
+    assert {stage: cells[:2] for stage, cells in rows.items()} == {
+        "synth": ["1", "8"],
+        "extract": ["1", "8"],
+        "train": ["1", "8"],
+        "bench": ["2", "8"],
+    }
     # 10,000 prompts less 8 held out, each up to prepare.seq_length 8192 tokens, 4 layers of 7168
     rows = 10000 - 8
     hs = rows * planlib.sample_bytes(8192, 4, 7168, "bf16")
@@ -92,14 +113,227 @@ def test_kimi_plan_printed_by_a_dry_run(kimi, tmp_path):
     assert "WARNING [disk], a real run stops before its first job" in proc.output
 
 
+# The anchor-scale Kimi-K2.5 run of docs/plan.md and docs/cluster.md: 600K prompts, 16 synth
+# jobs and 8 extraction jobs of a TP=8 server each, training on 2 nodes of 8 GPUs.
+ANCHOR = {
+    "prompts": {"train": [{"source": "sharegpt", "n": 600_000}]},
+    "synth": {"jobs": 16},
+    "extract": {"jobs": 8},
+    "train": {"nodes": 2},
+    "vllm": {"gpu_memory_gib": 141},
+}
+ANCHOR_SAMPLES = 600_000 - 8  # prompts.heldout: 8
+ANCHOR_TOKENS = ANCHOR_SAMPLES * 8192  # every row up to prepare.seq_length (an upper bound)
+
+
+def measured(file: str, *keys: str) -> float:
+    """A rate from benchmarks/results/efficiency/ as the plan reads it (to 0.1)."""
+    value = json.loads((REPO / "benchmarks/results/efficiency" / file).read_text())
+    for key in keys:
+        value = value[key]
+    return round(value, 1)
+
+
+def anchor_plan(kimi: Path, tmp_path: Path, **changes) -> dict:
+    sections = json.loads(json.dumps(ANCHOR))  # a copy: changes merge into it
+    return planlib.make_plan(
+        profile("kimi-k2.5", kimi, **cfglib.deep_update(sections, changes)), tmp_path / "kimi"
+    )
+
+
+def model_load_s(plan: dict) -> float:
+    """A load of the weights at 1 GB/s: the fast end of the 10-40 min for ~600 GB that the
+    Kimi-K2.5 profiles state."""
+    return plan["target"]["weight_bytes"] / 1e9
+
+
+def test_each_stage_has_its_jobs_gpu_hours_and_wall_time(kimi, tmp_path):
+    plan = anchor_plan(kimi, tmp_path)
+    stages, load = plan["stages"], model_load_s(plan)
+    # synth: 16 jobs of 8 GPUs, every answer up to synth.max_tokens 16,384, split over the jobs,
+    # at the rate measured on the nearest (smaller) target, plus one load per job
+    synth_rate = measured("h200_synth_throughput_repeat2_rounds.json", "median", "pipeline")
+    synth_s = ANCHOR_SAMPLES * 16384 / 16 / synth_rate + load
+    synth = stages["synth"]
+    assert (synth["jobs"], synth["gpus_per_job"]) == (16, 8)
+    assert synth["estimate"]["seconds"] == pytest.approx(synth_s, abs=1)
+    assert synth["estimate"]["gpu_hours"] == pytest.approx(16 * 8 * synth_s / 3600, rel=1e-6)
+    extract_rate = measured(
+        "h200_extract_throughput_8b_waitthreads_rounds.json", "median", "extract"
+    )
+    extract_s = ANCHOR_TOKENS / 8 / extract_rate + load
+    extract = stages["extract"]
+    assert (extract["jobs"], extract["gpus_per_job"]) == (8, 8)
+    assert extract["estimate"]["seconds"] == pytest.approx(extract_s, abs=1)
+    assert extract["estimate"]["gpu_hours"] == pytest.approx(8 * 8 * extract_s / 3600, rel=1e-6)
+    # train: one job over 2 nodes x 8 GPUs, 10 epochs of the 95% of rows that are not validation,
+    # data parallel at the rate per GPU; it loads no target
+    train_rate = measured("h200_train_throughput.json", "ours", "tokens_per_s_per_gpu")
+    train_s = ANCHOR_TOKENS * 0.95 * 10 / (train_rate * 16)
+    train = stages["train"]
+    assert (train["jobs"], train["gpus_per_job"], train["nodes_per_job"]) == (1, 16, 2)
+    assert train["estimate"]["seconds"] == pytest.approx(train_s, abs=1)
+    assert train["estimate"]["gpu_hours"] == pytest.approx(16 * train_s / 3600, rel=1e-6)
+    assert train["estimate"]["load_seconds"] == 0
+    # bench: the shared baseline and the eagle3 drafter, not estimated (no rate)
+    assert (stages["bench"]["jobs"], stages["bench"]["gpus_per_job"]) == (2, 8)
+    assert "estimate" not in stages["bench"] and stages["bench"]["not_estimated"]
+    # the stages run one after another; measured on smaller models, each a lower bound
+    totals = plan["totals"]
+    assert totals["seconds"] == pytest.approx(synth_s + extract_s + train_s, abs=3)
+    assert totals["gpu_hours"] == pytest.approx(
+        (128 * synth_s + 64 * extract_s + 16 * train_s) / 3600, rel=1e-6
+    )
+    assert totals["bound"] == ">=" and totals["left_out"] == ["bench"]
+    # the global batch grows with the processes; the learning rate stays as configured
+    assert plan["train_batch"] == {
+        "tokens_per_process": 8192,
+        "processes": 16,
+        "gpus_per_node": 8,
+        "nodes": 2,
+        "global_tokens": 131_072,
+        "lr": 0.0001,
+    }
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_hidden_state_bytes_in_both_storages(kimi, tmp_path, monkeypatch, storage):
+    """Both sizes whichever storage is configured; the disk check uses the configured one."""
+    both = {s: ANCHOR_SAMPLES * planlib.sample_bytes(8192, 4, 7168, s) for s in ("bf16", "fp8")}
+    assert 0.5 < both["fp8"] / both["bf16"] < 0.51  # one byte a value and a scale per token
+    # a disk that holds the fp8 states with their margin but not the bf16 ones
+    usage = shutil.disk_usage(tmp_path)
+    free = int(both["fp8"] * 1.2 * 1.01)
+    monkeypatch.setattr(planlib.shutil, "disk_usage", lambda p: usage._replace(free=free))
+    plan = anchor_plan(kimi, tmp_path, extract={"storage": storage})
+    assert plan["disk"]["bytes_by_storage"] == both
+    assert plan["disk"]["hidden_state_bytes"] == both[storage]
+    assert plan["stages"]["extract"]["hidden_states"] == {"bytes": both, "io": "written"}
+    assert plan["stages"]["train"]["hidden_states"]["bytes"] == both
+    refused = {p["check"] for p in plan["problems"]}
+    assert refused == ({"disk"} if storage == "bf16" else set())
+    # what the GPUs of training must be fed, per storage: bytes per token x tokens per second
+    train_rate = measured("h200_train_throughput.json", "ours", "tokens_per_s_per_gpu")
+    read = plan["stages"]["train"]["read_bytes_per_s"]
+    for s in both:
+        assert read[s] == pytest.approx(both[s] / ANCHOR_TOKENS * train_rate * 16)
+
+
+def test_an_external_synth_endpoint_is_neither_estimated_nor_counted(kimi, tmp_path):
+    plan = anchor_plan(kimi, tmp_path, synth={"endpoint": "http://127.0.0.1:9/v1"})
+    synth = plan["stages"]["synth"]
+    assert synth["gpus_per_job"] == 0 and synth["estimate"] is None
+    assert "synth.endpoint" in synth["not_estimated"]
+    assert plan["totals"]["stages"] == ["extract", "train"]
+
+
+def test_the_anchor_plan_scales_with_samples_jobs_and_nodes(kimi, tmp_path):
+    base = anchor_plan(kimi, tmp_path)
+    load = model_load_s(base)
+
+    def estimate(plan, stage):
+        return plan["stages"][stage]["estimate"]
+
+    # twice the samples: twice the work in every stage; the loads (one per job) stay
+    twice = anchor_plan(
+        kimi, tmp_path, prompts={"train": [{"source": "sharegpt", "n": 2 * ANCHOR_SAMPLES + 8}]}
+    )
+    for stage, gpus in (("synth", 128), ("extract", 64)):
+        loads = gpus * load / 3600
+        assert estimate(twice, stage)["gpu_hours"] - loads == pytest.approx(
+            2 * (estimate(base, stage)["gpu_hours"] - loads), rel=1e-6
+        )
+    assert estimate(twice, "train")["gpu_hours"] == pytest.approx(
+        2 * estimate(base, "train")["gpu_hours"], rel=1e-6
+    )
+    # twice the synth jobs: half the wall time but for the load, the same GPU-hours plus the
+    # 16 more jobs' loads
+    more_jobs = anchor_plan(kimi, tmp_path, synth={"jobs": 32})
+    assert estimate(more_jobs, "synth")["seconds"] - load == pytest.approx(
+        (estimate(base, "synth")["seconds"] - load) / 2, abs=1
+    )
+    assert estimate(more_jobs, "synth")["gpu_hours"] == pytest.approx(
+        estimate(base, "synth")["gpu_hours"] + 16 * 8 * load / 3600, rel=1e-6
+    )
+    # twice the training nodes: half the wall time, the same GPU-hours, twice the global batch
+    # at the same learning rate
+    more_nodes = anchor_plan(kimi, tmp_path, train={"nodes": 4})
+    assert estimate(more_nodes, "train")["seconds"] == pytest.approx(
+        estimate(base, "train")["seconds"] / 2, abs=1
+    )
+    assert estimate(more_nodes, "train")["gpu_hours"] == pytest.approx(
+        estimate(base, "train")["gpu_hours"], rel=1e-4
+    )
+    assert more_nodes["train_batch"]["global_tokens"] == 2 * base["train_batch"]["global_tokens"]
+    assert more_nodes["train_batch"]["lr"] == base["train_batch"]["lr"]
+
+
+PLAN_MD = REPO / "docs" / "plan.md"
+
+
+def documented_plans() -> list[tuple[str, str]]:
+    """docs/plan.md's example plans: each `snakemake -n` command (its continuation lines
+    joined) and the plan printed in the code block right after it."""
+    blocks = [b for b in PLAN_MD.read_text().split("\n\n") if b.startswith("    ")]
+    return [
+        (
+            " ".join(line.strip().removesuffix("\\").strip() for line in command.splitlines()),
+            "\n".join(line[4:] for line in shown.splitlines()),
+        )
+        for command, shown in pairwise(blocks)
+        if command.startswith("    snakemake -n ") and shown.startswith("    Plan for ")
+    ]
+
+
+def without_the_machine(plan: str) -> str:
+    """A printed plan less what depends on the machine that printed it: where the stand-in
+    model and the run directory are, and the free disk there."""
+    plan = re.sub(r"from \S+/([^/\s]+)/config\.json", r"from .../\1/config.json", plan)
+    plan = re.sub(r"free at \S+", "free at <workdir>", plan)
+    plan = re.sub(r"but \S+ has", "but <workdir> has", plan)
+    plan = re.sub(r"[\d,.]+ GiB free", "<free> GiB free", plan)
+    return re.sub(r"Free [\d,.]+ GiB", "Free <short> GiB", plan)
+
+
+def test_plan_md_shows_the_plain_and_the_anchor_scale_plans():
+    commands = [command for command, _ in documented_plans()]
+    assert len(commands) == 2, commands
+    assert "n: 600000" in commands[1] and "synth={jobs: 16}" in commands[1]
+
+
+@pytest.mark.parametrize("command,shown", documented_plans(), ids=["10k", "600k"])
+def test_the_plans_in_plan_md_are_what_their_commands_print(command, shown, tmp_path):
+    args = shlex.split(command.replace("$PWD", str(REPO)))[1:]  # the words after `snakemake`
+    args = [str(REPO / a) if a.startswith("config/") else a for a in args]
+    output = snakemake(*args, workdir=tmp_path).output
+    lines = output[output.index("Plan for ") :].splitlines()
+    # the plan's lines: its heading, then every line indented under it
+    end = next((i for i, line in enumerate(lines) if i and not line.startswith("  ")), len(lines))
+    assert without_the_machine("\n".join(lines[:end])) == without_the_machine(shown)
+
+
+def test_cluster_md_quotes_the_anchor_plan_of_plan_md():
+    """docs/cluster.md's table of the 600K plan: every time and GPU-hours figure is one the
+    plan in docs/plan.md prints (that one is checked against the code above)."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    section = text[text.index("## The plan at anchor scale") :]
+    quoted = re.findall(r">= [\d,.]+(?: h| min)?", section.split("\n\n")[2])
+    _, shown = documented_plans()[1]
+    assert len(quoted) == 8 and all(figure in shown for figure in quoted), quoted
+
+
 def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
     out = dry_run(tmp_path, "llama-8b.yaml", f"target={{path: {llama}}}").output
     lines = plan_lines(out)
     assert lines["layers"].startswith("aux [2, 16, 29] + final 32")
     assert lines["weights"].startswith("15.0 GiB")  # 8.03B bf16 parameters
-    assert lines["GPUs per job"] == (
-        "synth 1 (1 job), extract 1 (1 job(s)), train 4 (1 job(s)), bench 1"
-    )
+    rows = stage_rows(out)
+    assert {stage: cells[:2] for stage, cells in rows.items()} == {
+        "synth": ["1", "1"],
+        "extract": ["1", "1"],
+        "train": ["1", "4"],
+        "bench": ["1", "1"],
+    }
     assert lines["extract time"].startswith("~ ")  # measured on the Llama-3.1-8B shape
     assert "h200_extract_throughput_8b_waitthreads_rounds.json" in lines["extract time"]
 
@@ -148,6 +382,18 @@ def test_weights_larger_than_the_gpus_at_the_tp_size(kimi, tmp_path):
     assert "at least 8" in msg and "plan.allow" in msg
     ok = profile("kimi-k2.5", kimi, vllm={"gpu_memory_gib": 141})  # H200, TP 8
     assert "gpu_memory" not in {p["check"] for p in planlib.make_plan(ok, tmp_path)["problems"]}
+
+
+def test_synth_servers_sharing_a_gpu_must_each_hold_the_weights(llama, tmp_path):
+    """8 servers on an 80 GiB GPU get 0.9/8 of it each, 9 GiB: less than 15 GiB of weights."""
+    cfg = profile("llama-8b", llama, synth={"servers_per_gpu": 8}, vllm={"gpu_memory_gib": 80})
+    plan = planlib.make_plan(cfg, tmp_path / "llama")
+    (msg,) = [p["message"] for p in plan["problems"] if p["check"] == "gpu_memory"]
+    assert "each with 0.9/8 of its 80 GiB = 9.0 GiB" in msg and "at most 4" in msg
+    cfg = profile("llama-8b", llama, synth={"servers_per_gpu": 4}, vllm={"gpu_memory_gib": 80})
+    plan = planlib.make_plan(cfg, tmp_path / "llama")
+    assert "gpu_memory" not in {p["check"] for p in plan["problems"]}
+    assert plan["gpu_memory"]["synth_server_share"] == pytest.approx(0.9 / 4)
 
 
 def test_train_gpus_auto_follows_the_device():
@@ -229,5 +475,5 @@ def test_a_real_run_writes_its_plan(tmp_path, llama):
     )
     plan = json.loads((tmp_path / "results" / "planned" / "plan.json").read_text())
     assert plan["problems"] == [] and plan["layers"]["aux"] == [2, 16, 29]
-    assert plan["jobs"]["train"]["gpus_per_job"] == 0 and "gpu_memory" not in plan
+    assert plan["stages"]["train"]["gpus_per_job"] == 0 and "gpu_memory" not in plan
     assert "Plan for results/planned" in proc.output

@@ -3,9 +3,10 @@
 From the config and the target's config.json alone (no weights loaded): the target's shape,
 the layers EAGLE-3 reads, the draft vocabulary, the tokens and hidden-state bytes the run
 will produce against the free disk where they go, the weights against GPU memory at the
-tensor-parallel size, the GPUs of each job, and each stage's time from rates measured in
-benchmarks/results/ (estimates). A real run is refused before its first job when the disk or
-the GPUs cannot hold it (``plan.allow`` overrides); a dry run prints the same as warnings.
+tensor-parallel size, and per stage its jobs, GPUs, wall time, GPU-hours and hidden-state
+bytes in both storages, from rates measured in benchmarks/results/ (estimates, :mod:`.stages`).
+A real run is refused before its first job when the disk or the GPUs cannot hold it
+(``plan.allow`` overrides); a dry run prints the same as warnings.
 
 The extract stage checks its disk with the same code (:func:`check_disk`), on the rows it
 really has. Role: infrastructure (its folder: staleness.code.role) — the plan decides whether
@@ -25,7 +26,14 @@ from typing import Any
 from ..hidden_states.layers import LayerIdError, resolve_layers
 from ..runtime.gpus import nvidia_smi_rows
 from . import model_shape
-from .rates import stage_times
+from .stages import (
+    MODEL_LOAD,
+    model_load_seconds,
+    run_totals,
+    stage_estimates,
+    stage_jobs,
+    train_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +135,32 @@ def memory_utilization(args: list[str]) -> float:
     return VLLM_GPU_MEMORY_UTILIZATION
 
 
+def shared_gpu_problems(cfg: dict, weights: int, gib: float, memory: dict) -> list[dict]:
+    """synth.servers_per_gpu servers on one GPU share the memory one server may use: each must
+    still hold the weights (a tensor-parallel size of 1 is the only one allowed with them)."""
+    servers = cfg["synth"]["servers_per_gpu"]
+    if servers == 1:
+        return []
+    util = memory_utilization([*cfg["vllm"]["extra_args"], *cfg["synth"]["server_args"]])
+    memory["synth_servers_per_gpu"] = servers
+    memory["synth_server_share"] = util / servers
+    if weights <= gib * GIB * util / servers:
+        return []
+    fit = max(math.floor(gib * GIB * util / weights), 1)
+    return [
+        {
+            "check": "gpu_memory",
+            "message": (
+                f"synth.servers_per_gpu: {servers} synth servers share each GPU, each with "
+                f"{util}/{servers} of its {gib:.0f} GiB = {gib * util / servers:.1f} GiB, less "
+                f"than the target's {weights / GIB:.1f} GiB of weights. Set "
+                f"synth.servers_per_gpu to at most {fit}, or set {ALLOW_KEY}: [gpu_memory] to "
+                "proceed anyway."
+            ),
+        }
+    ]
+
+
 # ---- the plan ---------------------------------------------------------------------------------
 
 
@@ -167,8 +201,7 @@ def expected_rows(cfg: dict, run: Path) -> dict[str, Any]:
 
 def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
     """Everything the plan shows, as a JSON-able dict; ``problems`` lists the refusals."""
-    from ..config import stage_gpus  # config imports this module's users; import late
-    from ..methods import extra_layer_ids
+    from ..methods import extra_layer_ids  # its package imports this module's users: late
 
     run = Path(run)
     problems: list[dict[str, str]] = []
@@ -182,18 +215,9 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:  # an unreadable config.json: the target job fails too
         problems.append({"check": "target", "message": f"cannot read the target's config: {err}"})
         raw = None
-    gpus = {
-        "synth": stage_gpus(cfg, "synth"),
-        "extract": stage_gpus(cfg, "extract"),
-        "train": stage_gpus(cfg, "train"),
-        "bench": stage_gpus(cfg, "bench"),
-    }
-    plan["jobs"] = {
-        "synth": {"jobs": 0 if cfg["synth"]["endpoint"] else 1, "gpus_per_job": gpus["synth"]},
-        "extract": {"jobs": x["jobs"], "gpus_per_job": gpus["extract"]},
-        "train": {"jobs": len(cfg["train"]["methods"]), "gpus_per_job": gpus["train"]},
-        "bench": {"gpus_per_job": gpus["bench"]},
-    }
+    jobs = stage_jobs(cfg)
+    plan["stages"] = jobs
+    plan["train_batch"] = train_batch(cfg)
     rows = expected_rows(cfg, run)
     plan["rows"] = rows
     plan["draft_vocab_size"] = cfg["vocab"]["draft_vocab_size"]
@@ -226,18 +250,25 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
         problems.append({"check": "layers", "message": str(err)})
         return plan
     plan["layers"] = {"aux": aux, "captured": [*captured, final], "final": final}
-    per_sample = sample_bytes(
-        round(rows["tokens_per_sample"]), len(captured) + 1, shape["hidden_size"], x["storage"]
-    )
+    # both storages, whichever is configured: the user sees what the other one would take
+    by_storage = {
+        storage: rows["samples"]
+        * sample_bytes(
+            round(rows["tokens_per_sample"]), len(captured) + 1, shape["hidden_size"], storage
+        )
+        for storage in BYTES_PER_VALUE
+        if rows["samples"] is not None
+    }
     hs_dir = run / "hidden_states"
-    if rows["samples"] is not None:
-        total = rows["samples"] * per_sample
+    if by_storage:
+        total = by_storage[x["storage"]]
         stored = bytes_under(hs_dir)
         free, on = free_bytes(hs_dir)
         plan["disk"] = {
             "hidden_state_bytes": total,
             "already_stored_bytes": stored,
             "storage": x["storage"],
+            "bytes_by_storage": by_storage,
             "free_bytes": free,
             "free_at": str(on),
             "margin": x["disk_margin"],
@@ -269,7 +300,16 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
                 "[gpu_memory] to proceed anyway."
             )
             problems.append({"check": "gpu_memory", "message": msg})
-    plan["time"] = stage_times(cfg, shape, rows, gpus)
+        elif gib is not None:
+            problems += shared_gpu_problems(cfg, weights, gib, plan["gpu_memory"])
+        plan["model_load"] = {
+            "seconds": round(model_load_seconds(weights)),
+            "weight_bytes": weights,
+            "bytes_per_s": MODEL_LOAD["bytes_per_s"],
+            "source": MODEL_LOAD["source"],
+        }
+    plan["stages"] = stage_estimates(cfg, shape, rows, jobs, weights, by_storage)
+    plan["totals"] = run_totals(plan["stages"])
     return plan
 
 
@@ -286,19 +326,93 @@ def _gib(n: float | None) -> str:
     return "?" if n is None else f"{n / GIB:,.1f} GiB"
 
 
-def _duration(t: dict | None) -> str:
-    if not t:
-        return "no measured rate"
-    s = t["seconds"]
-    text = f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min" if s >= 60 else f"{s} s"
-    return (
-        f"{t['bound'] if t['bound'] != '~' else '~'} {text} (estimate: {t['rate']:,.0f} "
-        f"{t['unit']} on {t['measured_on']}, {t['file']})"
+def _hours(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _gpu_hours(e: dict) -> str:
+    hours = e["gpu_hours"]
+    return f"{e['bound']} {hours:,.0f}" if hours >= 10 else f"{e['bound']} {hours:.1f}"
+
+
+def _count(n: float) -> str:
+    """A count of billions or millions of tokens, short enough to read."""
+    for size, suffix in ((1e9, "B"), (1e6, "M")):
+        if n >= size:
+            return f"{n / size:,.2f}{suffix}"
+    return f"{n:,.0f}"
+
+
+def _stage_time(stage: dict) -> str:
+    """How a stage's wall time is made up, and where its rate comes from."""
+    e = stage.get("estimate")
+    if not e:
+        return f"not estimated: {stage['not_estimated']}"
+    jobs = stage["jobs"]
+    rate = f"{e['rate']:,.0f} {e['unit']}"
+    if e["speedup"] > 1:
+        rate = f"({rate} x {e['speedup']} GPUs)"
+    load = f" + a {_hours(e['load_seconds'])} model load" if e["load_seconds"] else ""
+    text = (
+        f"{e['bound']} {_hours(e['seconds'])} = {_count(e['work'])} {stage['work_unit']} / "
+        f"{jobs} job{'s' if jobs > 1 else ''} / {rate}{load} (estimate: rate measured on "
+        f"{e['measured_on']}, {e['file']})"
     )
+    if stage.get("servers_per_job", 1) > 1:
+        text += (
+            f"; {stage['servers_per_job']} servers share each job's GPU: their gain is not "
+            "measured, so not counted"
+        )
+    if stage.get("read_bytes_per_s"):
+        speeds = ", ".join(f"{v / 1e9:,.1f} GB/s {k}" for k, v in stage["read_bytes_per_s"].items())
+        text += f"; the GPUs keep that rate only if the hidden states are read at {speeds}"
+    return text
+
+
+def _stage_table(stages: dict) -> list[str]:
+    """One row per stage: jobs, GPUs, wall time, GPU-hours, hidden-state bytes per storage."""
+    rows = [
+        (
+            "stage",
+            "jobs",
+            "GPUs per job",
+            "GPUs at once",
+            "wall time",
+            "GPU-hours",
+            f"hidden states {' / '.join(BYTES_PER_VALUE)}",
+        )
+    ]
+    for name, st in stages.items():
+        gpus, nodes, e = st["gpus_per_job"], st.get("nodes_per_job", 1), st.get("estimate")
+        per_job = str(gpus) if nodes == 1 else f"{gpus} ({nodes} nodes x {gpus // nodes})"
+        hs = st.get("hidden_states")
+        rows.append(
+            (
+                name,
+                f"{st['jobs']:,}",
+                per_job if gpus else "CPU",
+                f"{st['jobs'] * gpus:,}" if gpus else "-",
+                f"{e['bound']} {_hours(e['seconds'])}" if e else "not estimated",
+                _gpu_hours(e) if e and gpus else "-",
+                " / ".join(_gib(b) for b in hs["bytes"].values()) + f" {hs['io']}" if hs else "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    right = {1, 3}  # counts align right
+    return [
+        "    "
+        + "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def format_plan(plan: dict) -> str:
-    """The plan as a short table of label: value lines."""
+    """The plan as label: value lines, with a table of the GPU stages."""
     lines = [f"Plan for {plan['run']} (docs/plan.md):"]
     add = lambda k, val: lines.append(f"  {k:<17} {val}")  # noqa: E731
     tg = plan.get("target")
@@ -335,18 +449,52 @@ def format_plan(plan: dict) -> str:
         add(
             "GPU memory",
             f"{_gib(g['weights_per_gpu_bytes'])} of weights per GPU at TP "
-            f"{g['tensor_parallel_size']} vs {gpu} x {g['utilization']} ({g['gpu_gib_from']})",
+            f"{g['tensor_parallel_size']} vs {gpu} x {g['utilization']} ({g['gpu_gib_from']})"
+            + (
+                f"; synth: {g['synth_servers_per_gpu']} servers per GPU, "
+                f"x {g['synth_server_share']:.3g} each"
+                if g.get("synth_servers_per_gpu")
+                else ""
+            ),
         )
-    j = plan["jobs"]
+    stages = plan["stages"]
     add(
-        "GPUs per job",
-        f"synth {j['synth']['gpus_per_job']} ({j['synth']['jobs']} job), extract "
-        f"{j['extract']['gpus_per_job']} ({j['extract']['jobs']} job(s)), train "
-        f"{j['train']['gpus_per_job']} ({j['train']['jobs']} job(s)), bench "
-        f"{j['bench']['gpus_per_job']}",
+        "per stage",
+        "estimates: a stage's jobs at once, each on its own GPUs; wall time = the slowest job, "
+        "GPU-hours = jobs x GPUs per job x wall time",
     )
-    for stage, t in (plan.get("time") or {}).items():
-        add(f"{stage} time", t if isinstance(t, str) else _duration(t))
+    lines.extend(_stage_table(stages))
+    if plan.get("totals"):
+        for name, st in stages.items():
+            add(f"{name} time", _stage_time(st))
+        t = plan["totals"]
+        gpu_hours = f" and {_gpu_hours(t)} GPU-hours" if t["gpu_hours"] else ""
+        not_counted = ", ".join([*t["left_out"], "the CPU-only stages"])
+        add(
+            "run total",
+            f"{t['bound']} {_hours(t['seconds'])}{gpu_hours}: {' + '.join(t['stages'])} one "
+            f"after another (estimates; not counted: {not_counted})",
+        )
+    if plan.get("model_load"):
+        m = plan["model_load"]
+        add(
+            "model load",
+            f">= {_hours(m['seconds'])} per job that starts a vLLM server (assumption: "
+            f"{_gib(m['weight_bytes'])} of weights at {m['bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"{m['source']})",
+        )
+    b = plan["train_batch"]
+    processes = (
+        f"{b['processes']} processes (train.gpus {b['gpus_per_node']} x train.nodes {b['nodes']})"
+        if b["gpus_per_node"]
+        else "1 process on the CPU"
+    )
+    add(
+        "train batch",
+        f"up to {b['global_tokens']:,} tokens per optimizer step = {b['tokens_per_process']:,} "
+        f"per process (train.total_seq_len) x {processes}; train.lr {b['lr']} is used as "
+        "set, not scaled with the batch",
+    )
     for p in plan["problems"]:
         lines.append(
             f"  WARNING [{p['check']}], a real run stops before its first job: {p['message']}"

@@ -1,6 +1,6 @@
-"""Stage times for the plan: a stage's tokens over a throughput measured in this repository
-(benchmarks/results/), the measurement nearest the target's size. Estimates, each citing its
-file and rate. Role: infrastructure, like the plan that prints them.
+"""The throughputs the plan's stage times are made of (:mod:`.stages`): measured in this
+repository (benchmarks/results/), each with the model it was measured on, and the lookup of the
+measurement nearest the target's size. Role: infrastructure, like the plan that prints them.
 """
 
 from __future__ import annotations
@@ -104,46 +104,3 @@ def measured_rate(stage: str, device: str, size: float, by: str = "params") -> d
         return None
     bound = ">=" if size > 1.5 * best[by] else "<=" if size < best[by] / 1.5 else "~"
     return {**best, "rate": round(rate, 1), "bound": bound}
-
-
-def stage_time(work: float | None, rate: dict | None, parallel: int = 1) -> dict | None:
-    if not work or not rate:
-        return None
-    seconds = work / (rate["rate"] * max(parallel, 1))
-    return {
-        "seconds": round(seconds),
-        "bound": rate["bound"],
-        "rate": rate["rate"],
-        "unit": rate["unit"],
-        "measured_on": rate["model"],
-        "file": f"benchmarks/results/{rate['file']}",
-        "key": rate["key"],
-    }
-
-
-def stage_times(cfg: dict, shape: dict, rows: dict, gpus: dict) -> dict[str, Any]:
-    dev = cfg["vllm"]["device"]
-    t = cfg["train"]
-    samples = rows["samples"]
-    answer_tokens = samples * cfg["synth"]["max_tokens"] if samples is not None else None
-    train_tokens = (
-        rows["tokens"] * (1 - t["val_fraction"]) * t["epochs"] * len(t["methods"])
-        if rows["tokens"]
-        else None
-    )
-    train_dev = "cuda" if gpus["train"] else "cpu"
-    return {
-        "synth": "external endpoint"
-        if cfg["synth"]["endpoint"]
-        else stage_time(answer_tokens, measured_rate("synth", dev, shape["params_active"])),
-        "extract": stage_time(
-            rows["tokens"],
-            measured_rate("extract", dev, shape["params_active"]),
-            cfg["extract"]["jobs"],
-        ),
-        "train": stage_time(
-            train_tokens,
-            measured_rate("train", train_dev, shape["hidden_size"], by="hidden"),
-            max(gpus["train"], 1),
-        ),
-    }
