@@ -148,7 +148,9 @@ def train_nodes_resources():
     nodes = config["train"]["nodes"]
     if nodes == 1:
         return {}
-    return {"nodes": nodes, "tasks": nodes, "mpi": "srun"}
+    # tasks_per_gpu 0: the plugin would otherwise turn `tasks` into --ntasks-per-gpu for a job
+    # with GPUs
+    return {"nodes": nodes, "tasks": nodes, "tasks_per_gpu": 0, "mpi": "srun"}
 
 
 def extract_parts():

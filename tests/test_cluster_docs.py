@@ -122,6 +122,8 @@ def test_the_preview_prints_the_lines_the_page_shows(stand_ins, tmp_path):
 def test_a_documented_slurm_run_submits_one_node_jobs_with_its_wall_times(
     command, stand_ins, tmp_path
 ):
+    """Every job on one node but a train job of train.nodes > 1, which is one allocation of
+    that many nodes, a task each."""
     args = as_test_args(command, stand_ins)
     calls = preview(args, tmp_path)
     wall_times = {}  # from --set-resources RULE:runtime=VALUE
@@ -131,8 +133,14 @@ def test_a_documented_slurm_run_submits_one_node_jobs_with_its_wall_times(
                 break
             rule, value = item.split(":runtime=")
             wall_times[rule] = humanfriendly.parse_timespan(value) // 60
+    nodes = re.search(r"train=\{[^}]*nodes: (\d+)", " ".join(args))
     for c in calls:
-        assert "--nodes=1" in c["sbatch"], c
+        if c["rule"] == "train" and nodes and int(nodes.group(1)) > 1:
+            n = int(nodes.group(1))
+            assert f"--nodes={n}" in c["sbatch"] and f"--ntasks={n}" in c["sbatch"], c
+            assert "--ntasks-per-gpu" not in c["sbatch"], c
+        else:
+            assert "--nodes=1" in c["sbatch"], c
         if c["rule"] in wall_times:
             assert f" -t {wall_times[c['rule']]:.0f} " in c["sbatch"], c
     gpus = {c["rule"]: re.search(r"--gpus=(\d+)", c["sbatch"]) for c in calls}

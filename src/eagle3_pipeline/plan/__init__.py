@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..engine.spec import memory_utilization
 from ..hidden_states.layers import LayerIdError, resolve_layers
 from ..runtime.gpus import nvidia_smi_rows
 from . import model_shape
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
 CHARS_PER_TOKEN = 4  # English text; a prompt has at most prompts.max_chars characters
-VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 ALLOW_KEY = "plan.allow"
 
 
@@ -121,18 +121,6 @@ def gpu_memory_gib(setting) -> tuple[float | None, str]:
     if not mib:
         return None, "unknown: nvidia-smi lists no GPU; set vllm.gpu_memory_gib"
     return min(mib) / 1024, f"nvidia-smi ({len(mib)} GPU(s))"
-
-
-def memory_utilization(args: list[str]) -> float:
-    """--gpu-memory-utilization among the server arguments, else vLLM's default."""
-    for i, a in enumerate(args):
-        if a.startswith("--gpu-memory-utilization"):
-            value = a.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "")
-            try:
-                return float(value)
-            except ValueError:
-                break
-    return VLLM_GPU_MEMORY_UTILIZATION
 
 
 def shared_gpu_problems(cfg: dict, weights: int, gib: float, memory: dict) -> list[dict]:
