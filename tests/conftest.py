@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -180,30 +181,33 @@ def ci_run(tmp_path_factory, slurm) -> Path:
     return work
 
 
-def journaled_answers(run_dir: Path) -> list[dict]:
-    """Every answer in a run's synth journals (all parts)."""
+def journaled_answers(run_dir: Path, pattern: str = "journal*.jsonl") -> list[dict]:
+    """Every answer in a run's synth journals (all parts, or those ``pattern`` names)."""
     from eagle3_pipeline.runtime.files import AppendLog
 
-    journals = sorted((run_dir / "synth" / ".partial").rglob("journal*.jsonl"))
+    journals = sorted((run_dir / "synth" / ".partial").rglob(pattern))
     return [e for p in journals for e in AppendLog(p).read() if e["status"] == "ok"]
 
 
 def cancel_a_synth_job(slurm, work: Path, proc, timeout: float = 1800) -> dict:
-    """scancel the first synth job seen running once its part has journaled an answer; what
-    was journaled by then. Fails if the run ends first."""
+    """scancel the first synth job seen running once its own part has journaled an answer;
+    what that part had journaled by then. Fails if the run ends first."""
     run_dir = work / "results" / "ci"
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         assert proc.poll() is None, "the run ended before a synth job could be cancelled"
         rows = slurm.run("squeue", "--noheader", "--format=%i|%T|%k", check=False).stdout
-        running = [r.split("|") for r in rows.splitlines() if "|RUNNING|rule_synth_wild" in r]
-        if running and journaled_answers(run_dir):
-            job_id, _, comment = running[0]
-            slurm.run("scancel", job_id)
-            return {
-                "job_id": job_id,
-                "comment": comment,
-                "journaled_before_cancel": len(journaled_answers(run_dir)),
-            }
+        for job_id, state, comment in (r.split("|") for r in rows.splitlines()):
+            part = re.search(r"^rule_synth_wildcards_(\d+)$", comment)
+            if state != "RUNNING" or not part:
+                continue
+            own = f"journal.part-{part.group(1)}-of-*.jsonl"
+            if journaled_answers(run_dir, own):
+                slurm.run("scancel", job_id)
+                return {
+                    "job_id": job_id,
+                    "part": int(part.group(1)),
+                    "journaled_before_cancel": len(journaled_answers(run_dir, own)),
+                }
         time.sleep(1)
     raise TimeoutError("no synth job journaled an answer in time")

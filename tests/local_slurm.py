@@ -379,6 +379,36 @@ class LocalSlurm:
         out = self.run("sbatch", "--parsable", *extra, *args, cwd=cwd or self.dir).stdout
         return out.strip().split(";")[0]
 
+    ACCOUNTING_FIELDS = (
+        "JobIDRaw",
+        "State",
+        "NNodes",
+        "Elapsed",
+        "Timelimit",
+        "AllocTRES",
+        "WorkDir",
+        "Comment",
+    )
+
+    def accounting(self, workdir: str | os.PathLike | None = None) -> list[dict[str, str]]:
+        """sacct's record of every job (allocations, not steps) of the last day, as dicts of
+        ACCOUNTING_FIELDS; with ``workdir``, only the jobs submitted from there."""
+        rows = self.run(
+            "sacct",
+            "-X",
+            "--allusers",
+            "--noheader",
+            "--parsable2",
+            "--starttime=now-1day",
+            f"--format={','.join(self.ACCOUNTING_FIELDS)}",
+        ).stdout
+        jobs = [
+            dict(zip(self.ACCOUNTING_FIELDS, r.split("|"), strict=True)) for r in rows.splitlines()
+        ]
+        if workdir is not None:
+            jobs = [j for j in jobs if j["WorkDir"] == str(Path(workdir).resolve())]
+        return jobs
+
     def job_state(self, job_id: str) -> str | None:
         """State of a job as sacct reports it ("CANCELLED by 0" -> "CANCELLED"); None while
         slurmdbd does not know it yet. Without accounting: squeue's state."""

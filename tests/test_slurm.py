@@ -22,20 +22,8 @@ CI = yaml.safe_load((REPO / "tests" / "configs" / "ci.yaml").read_text())
 
 
 def slurm_jobs(slurm, work: Path) -> list[dict]:
-    """The Slurm jobs of a run: every job the plugin submitted from ``work`` (its comment
-    names the rule), with state, nodes, time limit and what it was allocated."""
-    fields = ["JobIDRaw", "State", "NNodes", "Timelimit", "AllocTRES", "WorkDir", "Comment"]
-    rows = slurm.run(
-        "sacct",
-        "-X",
-        "--allusers",
-        "--noheader",
-        "--parsable2",
-        "--starttime=now-1day",
-        f"--format={','.join(fields)}",
-    ).stdout
-    jobs = [dict(zip(fields, r.split("|"), strict=True)) for r in rows.splitlines()]
-    return [j for j in jobs if j["WorkDir"] == str(work) and j["Comment"].startswith("rule_")]
+    """The Slurm jobs the plugin submitted from ``work`` (its comment names the rule)."""
+    return [j for j in slurm.accounting(work) if j["Comment"].startswith("rule_")]
 
 
 def rule_of(job: dict) -> str:
@@ -93,12 +81,14 @@ def test_a_cancelled_synth_job_lost_no_answer_and_none_was_asked_twice(ci_run, s
     assert len(ids) == len(set(ids)), "an answer was asked for twice"
     stats = json.loads((ci_run / "results" / "ci" / "synth" / "stats.json").read_text())
     assert stats["samples_ok"] == stats["prompts"] == len(ids)
-    part = re.search(r"part=(\d+)", cancelled["comment"]).group(1)
     manifest = json.loads(
-        (ci_run / "results" / "ci" / "synth" / "parts" / f"part_{part}.json").read_text()
+        (
+            ci_run / "results" / "ci" / "synth" / "parts" / f"part_{cancelled['part']}.json"
+        ).read_text()
     )
-    # the resubmitted job found what the cancelled one had journaled
-    assert manifest["this_run"]["reused"] >= 1, manifest
+    # the resubmitted job found what the cancelled one had journaled, and asked for the rest
+    assert manifest["this_run"]["reused"] >= cancelled["journaled_before_cancel"], manifest
+    assert manifest["this_run"]["reused"] + manifest["this_run"]["answered"] == manifest["prompts"]
 
 
 def test_the_same_command_again_finishes_at_once_and_leaves_no_job(ci_run, slurm):

@@ -1,0 +1,94 @@
+"""The CI-sized DAG (tests/configs/ci.yaml) through a real Slurm cluster on this machine, and
+what Slurm accounted for each of its jobs.
+
+    PYTHONPATH=src:tests .venv/bin/python benchmarks/slurm_ci_run.py --out slurm_ci_run.json
+
+Starts the tests' local cluster (tests/local_slurm.py: Debian's Slurm daemons, two nodes of
+eight GPU device files, installed with apt-get when missing; root), runs the workflow with
+`--profile profiles/slurm` in a fresh directory as the tests do, and records per Slurm job the
+rule, state, nodes, elapsed time, time limit and allocation (sacct), the workflow's wall time,
+and what else ran on the machine (load average before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from local_slurm import LocalSlurm
+
+from eagle3_pipeline.runtime.provenance import code_version
+from eagle3_pipeline.runtime.provenance import package_versions as versions
+
+from conftest import REPO, ci_snakemake
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the accounting as JSON here")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "run"
+        shutil.copytree(REPO / "config", work / "config")
+        shutil.copytree(REPO / "tests" / "data", work / "data")
+        with LocalSlurm(
+            nodes=2,
+            gpus_per_node=8,
+            cpus_per_node=128,
+            mem_mb_per_node=1_000_000,
+            account="my_account",
+        ) as slurm:
+            load_before = os.getloadavg()
+            t0 = time.monotonic()
+            proc = ci_snakemake(work, slurm=slurm)
+            wall = time.monotonic() - t0
+            if proc.returncode != 0:
+                raise SystemExit(proc.stdout[-3000:] + proc.stderr[-3000:])
+            jobs = slurm.accounting(work)
+            timings = slurm.timings
+    rows = [
+        {
+            "rule": re.match(r"rule_(\w+?)(?:_wildcards_|$)", j["Comment"]).group(1),
+            "wildcards": j["Comment"].partition("_wildcards_")[2] or None,
+            "job_id": j["JobIDRaw"],
+            "state": j["State"],
+            "nodes": int(j["NNodes"]),
+            "elapsed": j["Elapsed"],
+            "time_limit": j["Timelimit"],
+            "alloc_tres": j["AllocTRES"],
+        }
+        for j in jobs
+        if j["Comment"].startswith("rule_")
+    ]
+    for r in rows:
+        print(
+            f"{r['job_id']:>4} {r['rule']:<16} {r['wildcards'] or '':<14} {r['state']:<10} "
+            f"nodes {r['nodes']}  {r['elapsed']}  (limit {r['time_limit']})"
+        )
+    print(f"workflow wall time {wall:.0f} s, {len(rows)} Slurm jobs")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "workflow_wall_s": wall,
+                    "jobs": rows,
+                    "cluster_start_s": timings,
+                    "load_before": load_before,
+                    "load_after": os.getloadavg(),
+                    "cpus": os.cpu_count(),
+                    "code": code_version(),
+                    "versions": versions(),
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
