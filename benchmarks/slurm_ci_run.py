@@ -50,7 +50,7 @@ def main() -> None:
             wall = time.monotonic() - t0
             if proc.returncode != 0:
                 raise SystemExit(proc.stdout[-3000:] + proc.stderr[-3000:])
-            jobs = slurm.accounting(work)
+            jobs = slurm.accounted_jobs(work)
             timings = slurm.timings
     rows = [
         {

@@ -390,7 +390,7 @@ class LocalSlurm:
         "Comment",
     )
 
-    def accounting(self, workdir: str | os.PathLike | None = None) -> list[dict[str, str]]:
+    def accounted_jobs(self, workdir: str | os.PathLike | None = None) -> list[dict[str, str]]:
         """sacct's record of every job (allocations, not steps) of the last day, as dicts of
         ACCOUNTING_FIELDS; with ``workdir``, only the jobs submitted from there."""
         rows = self.run(

@@ -50,7 +50,7 @@ def copy(ci_run, tmp_path_factory):
     shutil.copytree(ci_run, work, symlinks=True, ignore=shutil.ignore_patterns("model"))
     assert planned(repo, work) == [], "the copy of a finished run must have nothing to do"
     # what the no-server checks below look for is what a starting server logs
-    server_py = REPO / "src" / "eagle3_pipeline" / "server.py"
+    server_py = REPO / "src" / "eagle3_pipeline" / "server" / "__init__.py"
     assert f'log.info("{SERVER_STARTS}' in server_py.read_text()
     return repo, work
 

@@ -23,7 +23,7 @@ CI = yaml.safe_load((REPO / "tests" / "configs" / "ci.yaml").read_text())
 
 def slurm_jobs(slurm, work: Path) -> list[dict]:
     """The Slurm jobs the plugin submitted from ``work`` (its comment names the rule)."""
-    return [j for j in slurm.accounting(work) if j["Comment"].startswith("rule_")]
+    return [j for j in slurm.accounted_jobs(work) if j["Comment"].startswith("rule_")]
 
 
 def rule_of(job: dict) -> str:
