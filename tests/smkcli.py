@@ -139,19 +139,29 @@ def snakemake(
     workdir: Path | None = None,
     check: bool = True,
     timeout: float = 120,
+    slurm=None,
 ) -> subprocess.CompletedProcess:
-    """Run `snakemake --snakefile <repo>/Snakefile [--directory workdir] args...`.
+    """Run `snakemake --snakefile <repo>/Snakefile [--directory workdir] args...`; with
+    ``slurm`` (a tests/local_slurm.LocalSlurm) through the repo's Slurm profile on it.
 
     With a working directory other than the checkout, the Snakefile's relative
     `configfile: config/config.yaml` is not there: pass --configfile explicitly.
     """
+    env = env_for(repo / "src")
+    if slurm is not None:
+        env = slurm.environ(env)
+        args = (
+            "--profile",
+            str(repo / "profiles" / "slurm"),
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+            *args,
+        )
     cmd = [SNAKEMAKE, "--snakefile", str(repo / "Snakefile")]
     if workdir is not None:
         cmd += ["--directory", str(workdir)]
     cmd += list(args)
-    proc = subprocess.run(
-        cmd, cwd=repo, env=env_for(repo / "src"), capture_output=True, text=True, timeout=timeout
-    )
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
     proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.output}")

@@ -200,13 +200,14 @@ def log_states(work: Path) -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in logs}
 
 
-def real_rerun(repo: Path, work: Path, *args: str) -> list[str]:
-    """Run for real; return the jobs that ran. Asserts that no server started (in the logs of
-    the jobs that ran: Snakemake starts a job's log afresh) and that afterwards there is
-    nothing left to do."""
+def real_rerun(repo: Path, work: Path, slurm, *args: str) -> list[str]:
+    """Run for real, as the run was made (through the Slurm cluster: its training spans two
+    nodes); return the jobs that ran. Asserts that no server started (in the logs of the jobs
+    that ran: Snakemake starts a job's log afresh) and that afterwards there is nothing left to
+    do."""
     before = log_states(work)
     out = snakemake(
-        "--cores", "2", *config_args(), *args, repo=repo, workdir=work, timeout=900
+        *config_args(), *args, repo=repo, workdir=work, timeout=1800, slurm=slurm
     ).output
     ran = job_names(parse_jobs(out))
     changed = [p for p, state in log_states(work).items() if before.get(p) != state]
@@ -228,22 +229,22 @@ def assert_nothing_recomputed(work: Path, ran: list[str]) -> None:
         assert bench["servers_started"] == 0 and bench["measured_sets"] == [], bench
 
 
-def test_touch_of_an_upstream_output_recomputes_nothing(copy):
+def test_touch_of_an_upstream_output_recomputes_nothing(copy, slurm):
     """(*) `touch` gives the data set a new mtime but the same content."""
     repo, work = copy
     dataset = work / "results" / "ci" / "prepare" / "dataset"
     for p in (dataset, dataset / ".snakemake_timestamp"):
         p.touch()
     assert planned(repo, work) == AFTER_PREPARE
-    ran = real_rerun(repo, work)
+    ran = real_rerun(repo, work, slurm)
     assert ran == AFTER_PREPARE
     assert_nothing_recomputed(work, ran)
 
 
-def test_forced_extract_reuses_every_row(copy):
+def test_forced_extract_reuses_every_row(copy, slurm):
     """(*) `-R extract` with nothing changed: every row is reused, nothing downstream trains."""
     repo, work = copy
-    ran = real_rerun(repo, work, "-R", "extract")
+    ran = real_rerun(repo, work, slurm, "-R", "extract")
     assert ran == sorted(AFTER_EXTRACT)
     assert_nothing_recomputed(work, ran)
     r = records(work)
