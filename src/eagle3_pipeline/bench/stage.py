@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import methods
 from ..engine import cpu_fixes as vllm_cpu_fixes
-from ..engine.spec import seeded_sampling_args, spec_for_target
+from ..engine.spec import seeded_sampling_args, served_dtype, spec_for_target
 from ..methods import consistency, predicted_acceptance_length
 from ..runtime.files import read_json, sha256_file, write_json
 from ..runtime.provenance import provenance
@@ -355,7 +355,9 @@ def run(
     )
     # on the CPU, whether vLLM could load the fix that makes acceptance at T > 0 right
     cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
-    verdict = judge(runs, cfg, cpu_sampling_fix)
+    # in float32 speculative decoding at T = 0 must give the target's own tokens
+    exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
+    verdict = judge(runs, cfg, cpu_sampling_fix, exact_outputs=exact)
     shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
