@@ -227,6 +227,7 @@ def bench_inputs(tmp_path, monkeypatch):
     class Server:
         def __init__(self, spec_cfg):
             self.drafter = spec_cfg is not None
+            self.k = (spec_cfg or {}).get("num_speculative_tokens")
 
         def stop(self):
             pass
@@ -251,7 +252,7 @@ def bench_inputs(tmp_path, monkeypatch):
 
     def recorded(what, real):
         def fn(*args):
-            asked.append((what or args[-1], sorted(args[1])))
+            asked.append((what or args[4], sorted(args[1])))  # measure_rounds(..., who, done)
             return real(*args)
 
         return fn
@@ -327,8 +328,8 @@ def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     assert asked[-2:] == [("baseline", ["one"]), ("drafter", ["one"])]
     _, judged = run(["one", "two"], min_acceptance_length=2.0, **sep)  # a threshold re-judges
     assert len(asked) == 6 and not judged["verdict"]["ok"]
-    run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # the drafter's k: baseline stays
-    assert asked[6:] == [("drafter", ["one", "two"])] * 2  # one server per k
+    run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # another k: only it, baseline stays
+    assert asked[6:] == [("drafter", ["one", "two"])]  # one server, for k = 2 (3 is cached)
     run(["one", "two"], max_tokens=7, **sep)  # a measurement setting: everything again
     assert asked[-2:] == [("baseline", ["one", "two"]), ("drafter", ["one", "two"])]
     assert read_json(files["two"].parent / "bench.json")["this_run"]["measured_sets"] == [
@@ -348,7 +349,36 @@ def test_alternating_bench_measures_the_baseline_beside_each_drafter(bench_input
     assert row["acceptance_length"] == pytest.approx(1.5)  # 10 of 20 drafts accepted
     _, again = run(["one", "two"], rounds=2)  # cached, baseline included: no server
     assert len(asked) == 1 and again["this_run"]["servers_started"] == 0
-    run(["one", "two"], rounds=2, num_speculative_tokens=[2, 3])
-    assert asked[1:] == [("pair", ["one", "two"])] * 2  # per k, next to one baseline server
+    _, two_ks = run(["one", "two"], rounds=2, num_speculative_tokens=[2, 3, 4])
+    assert asked[1:] == [("pair", ["one", "two"])] * 2  # k = 2 and 4, beside one baseline
+    assert two_ks["this_run"]["servers_started"] == 3
     run(["one", "two"], rounds=3)  # more rounds: measured again
     assert asked[-1] == ("pair", ["one", "two"])
+
+
+def test_a_failed_set_costs_only_itself(bench_inputs, monkeypatch):
+    """A request of set 'two' fails at k = 3 (a prompt too long for the context, a server that
+    died): every set measured before it is kept, at k = 2 and at k = 3, and the re-run
+    measures only what failed and what had not been measured, with one server per k left."""
+    run, asked, _ = bench_inputs
+    passes = measure.one_pass
+
+    def failing(server, prompts, *args, **kwargs):
+        if server.k == 3 and prompts[0]["id"] == "two":
+            raise bench.BenchError("request 0 (prompt 'two') failed: BadRequestError")
+        return passes(server, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(measure, "one_pass", failing)
+    ks = {"rounds": 2, "num_speculative_tokens": [2, 3]}
+    with pytest.raises(bench.BenchError, match="prompt 'two'"):
+        run(["one", "two", "three"], **ks)
+    assert asked == [("pair", ["one", "three", "two"])] * 2  # k = 2 whole, k = 3 up to 'two'
+    monkeypatch.setattr(measure, "one_pass", passes)
+    _, again = run(["one", "two", "three"], **ks)
+    assert asked[2:] == [("pair", ["three", "two"])]  # at k = 3 only: 'one' was kept
+    assert again["this_run"]["servers_started"] == 2  # the baseline and the k = 3 drafter
+    assert again["this_run"]["measured_sets"] == ["two", "three"]
+    assert again["this_run"]["cached_sets"] == ["one"]
+    assert [(r["prompt_set"], r["k"]) for r in again["runs"]] == [
+        (name, k) for k in (2, 3) for name in ("one", "two", "three")
+    ]

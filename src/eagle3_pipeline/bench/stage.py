@@ -133,9 +133,9 @@ def start_server(
         raise BenchError(f"vLLM failed to start {what}. {hint}{e}") from e
 
 
-def _with_k(k: int, measured: dict[str, list[dict]], runs: dict[str, list[dict]]) -> None:
-    for name, entries in measured.items():
-        runs[name] += [{"k": k, **e} for e in entries]
+def _kept_with_k(keep, k: int):
+    """``keep`` for the measurements of the drafter server at ``k``: each run labelled with it."""
+    return lambda name, runs: keep(name, [{"k": k, **r} for r in runs], k)
 
 
 # ---- rule bench_baseline (bench.pairing: separate) ---------------------------------------
@@ -158,12 +158,13 @@ def run_baseline(
     key = baseline_key(target, cfg, vllm_cfg)
     rounds = bench_rounds(cfg, vllm_cfg)
 
-    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+    def measure_todo(todo: dict[None, dict[str, list[dict]]], keep) -> int:
         server = start_server(cfg, vllm_cfg, target, None, "the baseline server", log_path)
         try:
-            return measure_rounds(server, todo, cfg, rounds, BASELINE), 1
+            measure_rounds(server, todo[None], cfg, rounds, BASELINE, keep)
         finally:
             server.stop()
+        return 1
 
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     baseline = {
@@ -305,28 +306,27 @@ def run(
         what = f"the server with the {method} drafter (k={k})"
         return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
 
-    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
-        runs: dict[str, list[dict]] = {n: [] for n in todo}
+    def measure_todo(todo: dict[int, dict[str, list[dict]]], keep) -> int:
+        """One drafter server per k with sets to measure, beside one baseline server."""
         baseline = None
         if paired:
             what = "the baseline server (no drafter)"
             baseline = start_server(cfg, vllm_cfg, target, None, what, log_path, paired)
         try:
-            for k in ks:
+            for k, sets in todo.items():
                 server = drafter_server(k)
                 try:
                     if paired:
                         servers = {BASELINE: baseline, DRAFTER: server}
-                        measured = measure_alternating(servers, todo, cfg, rounds)
+                        measure_alternating(servers, sets, cfg, rounds, _kept_with_k(keep, k))
                     else:
-                        measured = measure_rounds(server, todo, cfg, rounds, DRAFTER)
+                        measure_rounds(server, sets, cfg, rounds, DRAFTER, _kept_with_k(keep, k))
                 finally:
                     server.stop()
-                _with_k(k, measured, runs)
         finally:
             if baseline is not None:
                 baseline.stop()
-        return runs, len(ks) + paired
+        return len(todo) + paired
 
     key = drafter_key(drafter_dir, target, cfg, vllm_cfg)
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
