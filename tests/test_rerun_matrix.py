@@ -50,7 +50,7 @@ def copy(ci_run, tmp_path_factory):
     shutil.copytree(ci_run, work, symlinks=True, ignore=shutil.ignore_patterns("model"))
     assert planned(repo, work) == [], "the copy of a finished run must have nothing to do"
     # what the no-server checks below look for is what a starting server logs
-    server_py = REPO / "src" / "eagle3_pipeline" / "server.py"
+    server_py = REPO / "src" / "eagle3_pipeline" / "server" / "__init__.py"
     assert f'log.info("{SERVER_STARTS}' in server_py.read_text()
     return repo, work
 
@@ -116,20 +116,24 @@ def test_edit_a_benchmark_set_definition(copy, tmp_path):
     )
 
 
+# the benchmark sets' jobs: a set's prompts must leave room for bench.max_tokens
+PROMPTS_BENCH = [f"prompts_bench[name={s['name']}]" for s in CI["prompts"]["bench"]]
+
+
 @pytest.mark.parametrize(
-    "key, value, baseline",
+    "key, value, baseline, sets",
     [
-        ("num_speculative_tokens", [1, 2], False),  # the drafter's k only
-        ("temperatures", [0.0, 0.5], True),
-        ("concurrency", [2], True),
-        ("max_tokens", 16, True),
-        ("min_acceptance_length", 1.5, False),  # verdict thresholds
-        ("min_measured_to_predicted", 0.3, False),
+        ("num_speculative_tokens", [1, 2], False, []),  # the drafter's k only
+        ("temperatures", [0.0, 0.5], True, []),
+        ("concurrency", [2], True, []),
+        ("max_tokens", 16, True, PROMPTS_BENCH),
+        ("min_acceptance_length", 1.5, False, []),  # verdict thresholds
+        ("min_measured_to_predicted", 0.3, False, []),
     ],
 )
-def test_bench_keys(copy, tmp_path, key, value, baseline):
+def test_bench_keys(copy, tmp_path, key, value, baseline, sets):
     repo, work = copy
-    expected = sorted([BENCH, "report", *(BASELINE if baseline else [])])
+    expected = sorted([BENCH, "report", *(BASELINE if baseline else []), *sets])
     assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == expected
 
 

@@ -5,6 +5,7 @@ it for real on a CI-sized run)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import pytest
@@ -217,11 +218,15 @@ def test_drafter_identity_ignores_where_the_verifier_lives(tmp_path):
     assert cache.drafter_identity(tmp_path) != first
 
 
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
 @pytest.fixture
-def bench_inputs(tmp_path, monkeypatch):
-    """A drafter, target and manifest that pass the consistency check, and vLLM servers
-    replaced by passes that record what they are asked to measure (the baseline server at
-    10 tok/s, the drafter's at 12)."""
+def bench_inputs(tmp_path, monkeypatch, target_json):
+    """A drafter, target (the packaged model's tokenizer counts the prompts) and manifest that
+    pass the consistency check, and vLLM servers replaced by passes that record what they are
+    asked to measure (the baseline server at 10 tok/s, the drafter's at 12)."""
     asked: list[tuple[str, list[str]]] = []
 
     class Server:
@@ -267,7 +272,7 @@ def bench_inputs(tmp_path, monkeypatch):
         "check",
         lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
     )
-    write_json(tmp_path / "target.json", {"identity": "t", "model_path": str(tmp_path)})
+    write_json(tmp_path / "target.json", {**read_json(target_json), "identity": "t"})
     write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
     write_json(tmp_path / "metrics.json", {"epochs": []})
     drafter = tmp_path / "drafter"
@@ -277,7 +282,7 @@ def bench_inputs(tmp_path, monkeypatch):
     files = {}
     for name in ("one", "two", "three"):
         files[name] = tmp_path / f"bench_{name}.jsonl"
-        files[name].write_text(f'{{"id": "{name}", "messages": []}}\n')
+        files[name].write_text(json.dumps({"id": name, "messages": [user(name)]}) + "\n")
 
     def run(names, **bench_overrides):
         """The jobs as the workflow runs them: with bench.pairing: separate the baseline's,
@@ -323,7 +328,7 @@ def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     assert added["this_run"]["cached_sets"] == ["one", "two"]
     _, removed = run(["two"], **sep)
     assert len(asked) == 4 and [r["prompt_set"] for r in removed["runs"]] == ["two"]
-    files["one"].write_text('{"id": "one-edited", "messages": []}\n')
+    files["one"].write_text(json.dumps({"id": "one-edited", "messages": [user("one")]}) + "\n")
     run(["one", "two"], **sep)  # an edited set is measured again, alone
     assert asked[-2:] == [("baseline", ["one"]), ("drafter", ["one"])]
     _, judged = run(["one", "two"], min_acceptance_length=2.0, **sep)  # a threshold re-judges
@@ -382,3 +387,19 @@ def test_a_failed_set_costs_only_itself(bench_inputs, monkeypatch):
     assert [(r["prompt_set"], r["k"]) for r in again["runs"]] == [
         (name, k) for k in (2, 3) for name in ("one", "two", "three")
     ]
+
+
+def test_a_prompt_too_long_for_the_context_fails_before_any_server(bench_inputs):
+    """The held-out set is checked against synth's answers when it is written; where
+    bench.max_tokens leaves less room, its prompt would fail the job at its request: the job
+    stops before starting a server, naming the prompt, its tokens and the limit."""
+    run, asked, files = bench_inputs
+    files["two"].write_text(json.dumps({"id": "two", "messages": [user("word " * 600)]}) + "\n")
+    with pytest.raises(bench.BenchError) as err:
+        run(["one", "two"], max_tokens=1500)  # of vllm.max_model_len 2048
+    assert asked == []
+    assert str(err.value).startswith(
+        "1 prompt(s) are longer than the context leaves for the answer, 548 tokens "
+        "(vllm.max_model_len 2048 - bench.max_tokens 1500): two/two ("
+    )
+    assert "raise vllm.max_model_len or lower bench.max_tokens" in str(err.value)

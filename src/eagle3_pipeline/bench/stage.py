@@ -28,6 +28,7 @@ from ..runtime.files import read_json, sha256_file, write_json
 from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
 from ..stats import median
+from ..target.chat import context_limit
 from ..target.stage import load_info
 from .cache import baseline_key, drafter_key, measure_cached
 from .measure import (
@@ -133,6 +134,33 @@ def start_server(
         raise BenchError(f"vLLM failed to start {what}. {hint}{e}") from e
 
 
+def check_context(target_json, sets: dict[str, list[dict]], cfg: dict, vllm_cfg: dict) -> None:
+    """Every prompt of ``sets`` fits the context its answer leaves (vllm.max_model_len -
+    bench.max_tokens, counted with the target's tokenizer and chat template): a server refuses
+    one that does not, which would fail the job at that request. The prompts stage skips such
+    prompts from the sets it writes; the held-out set is checked there against synth's answers,
+    so this finds one where bench.max_tokens is the larger. Run before any server starts."""
+    context = context_limit(
+        target_json,
+        vllm_cfg["max_model_len"],
+        "bench.max_tokens",
+        cfg["max_tokens"],
+        cfg.get("chat_template_kwargs") or {},
+    )
+    over = [
+        f"{name}/{p['id']} ({tokens} tokens)"
+        for name, prompts in sets.items()
+        for p in prompts
+        if (tokens := context.tokens(p["messages"])) > context.max_tokens
+    ]
+    if over:
+        raise BenchError(
+            f"{len(over)} prompt(s) are longer than the context leaves for the answer, "
+            f"{context.max_tokens} tokens ({context.why}): {', '.join(over[:10])}; a server "
+            f"would refuse them: {context.fix()}"
+        )
+
+
 def _kept_with_k(keep, k: int):
     """``keep`` for the measurements of the drafter server at ``k``: each run labelled with it."""
     return lambda name, runs: keep(name, [{"k": k, **r} for r in runs], k)
@@ -159,6 +187,7 @@ def run_baseline(
     rounds = bench_rounds(cfg, vllm_cfg)
 
     def measure_todo(todo: dict[None, dict[str, list[dict]]], keep) -> int:
+        check_context(target_json, todo[None], cfg, vllm_cfg)
         server = start_server(cfg, vllm_cfg, target, None, "the baseline server", log_path)
         try:
             measure_rounds(server, todo[None], cfg, rounds, BASELINE, keep)
@@ -308,6 +337,9 @@ def run(
 
     def measure_todo(todo: dict[int, dict[str, list[dict]]], keep) -> int:
         """One drafter server per k with sets to measure, beside one baseline server."""
+        check_context(
+            target_json, {n: p for sets in todo.values() for n, p in sets.items()}, cfg, vllm_cfg
+        )
         baseline = None
         if paired:
             what = "the baseline server (no drafter)"
