@@ -21,7 +21,9 @@ import yaml
 
 from smkcli import REPO, copy_repo, job_names, parse_jobs, snakemake
 
-pytestmark = [pytest.mark.server, pytest.mark.e2e]
+# The first test here runs the CI-sized DAG (the session's ci_run fixture, a subprocess of at
+# most an hour: conftest.ci_snakemake) before its own assertions.
+pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
 CI = yaml.safe_load(CI_CONFIG.read_text())
