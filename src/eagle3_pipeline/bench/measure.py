@@ -323,12 +323,6 @@ def _slim(res: dict, keep_outputs: bool) -> dict:
     return {k: v for k, v in res.items() if keep_outputs or k != "outputs"}
 
 
-def cells(sets: Mapping[str, list[dict]], cfg: dict) -> list[tuple[str, float, int]]:
-    """Every (prompt set, temperature, concurrency) to measure, in measuring order: set by
-    set, so that each set's measurement is complete (and kept) before the next one starts."""
-    return [(name, t, c) for name in sets for t in cfg["temperatures"] for c in cfg["concurrency"]]
-
-
 SetDone = Callable[[str, list[dict]], None]
 
 
@@ -340,24 +334,24 @@ def _measure_cells(
     measure_round: Callable[[str, float, int, int], dict],
     done: SetDone | None,
 ) -> dict[str, list[dict]]:
-    """Per prompt set, one entry per (temperature, concurrency) of :func:`cells`: its rounds
-    (``measure_round(set, T, c, r)``) and the surroundings before and after them. ``done(set,
-    entries)`` is called as each set is complete."""
+    """Per prompt set, one entry per (temperature, concurrency), the cells, measured set by
+    set: each cell's rounds (``measure_round(set, T, c, r)``) and the surroundings before and
+    after them. ``done(set, entries)`` is called as each set is complete."""
     out: dict[str, list[dict]] = {name: [] for name in sets}
-    cell_list = cells(sets, cfg)
-    for i, (name, t, c) in enumerate(cell_list):
-        env_before = surroundings(servers)
-        entry = [measure_round(name, t, c, r) for r in range(rounds)]
-        out[name].append(
-            {
-                "temperature": t,
-                "concurrency": c,
-                "rounds": entry,
-                "surroundings": [env_before, surroundings(servers, since=env_before)],
-            }
-        )
-        last_of_set = i + 1 == len(cell_list) or cell_list[i + 1][0] != name
-        if done is not None and last_of_set:
+    for name in sets:
+        for t in cfg["temperatures"]:
+            for c in cfg["concurrency"]:
+                env_before = surroundings(servers)
+                entry = [measure_round(name, t, c, r) for r in range(rounds)]
+                out[name].append(
+                    {
+                        "temperature": t,
+                        "concurrency": c,
+                        "rounds": entry,
+                        "surroundings": [env_before, surroundings(servers, since=env_before)],
+                    }
+                )
+        if done is not None:
             done(name, out[name])
     return out
 

@@ -106,15 +106,12 @@ def _busiest_cpu(runs: list[dict]) -> tuple[dict, dict] | None:
     """The run and surroundings where other processes took the largest share of the bench's
     cores, if above :data:`MAX_OTHER_CPU_SHARE`."""
     found = [
-        (env["other_cpu_share"], i, r, env)
-        for i, r in enumerate(runs)
+        (r, env)
+        for r in runs
         for env in r.get("surroundings") or []
         if (env.get("other_cpu_share") or 0) > MAX_OTHER_CPU_SHARE
     ]
-    if not found:
-        return None
-    _, _, run, env = max(found, key=lambda f: f[:2])
-    return run, env
+    return max(found, key=lambda f: f[1]["other_cpu_share"], default=None)
 
 
 def _not_alone(runs: list[dict]) -> str | None:
