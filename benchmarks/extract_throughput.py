@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import shutil
 import tempfile
 import time
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from eagle3_lab import rounds as rounds_lib
 from eagle3_lab.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_json
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
 from eagle3_pipeline.engine.spec import spec_from_config
@@ -355,37 +355,33 @@ def main() -> None:
         "with validator threads waiting for the writes (the client's: threads of their own)",
     )
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "protocol": "alternating rounds, order reversed every round",
-                    "rates": rates,
-                    "median": med,
-                    "spread": spread,
-                    "ratio": ratio,
-                    "ratio_per_round": paired,
-                    "capture_ratio": med["minimal"] / med["bare"],
-                    "switch_interval_s": SWITCH_INTERVAL_S,
-                    "switch_interval_gain": switch_gain,
-                    "plain_json_gain": typed_gain,
-                    "aiohttp_gain": aiohttp_gain,
-                    "separate_wait_gain": wait_gain,
-                    "client_cpu_s_per_sample": cpu,
-                    "client_cpu_s_per_sample_spread": cpu_spread,
-                    "rounds": result["rounds"],
-                    "surroundings_before": before,
-                    "surroundings_servers_up": result["before"],
-                    "tokens": tokens,
-                    "agreement_positions_per_sample": cfg["extract"][
-                        "agreement_positions_per_sample"
-                    ],
-                    "architecture": info["architecture"],
-                    "args": vars(args),
-                    "vllm": cfg["vllm"],
-                    "versions": package_versions(),
-                },
-                indent=2,
-            )
+        write_result(
+            args.out,
+            {
+                "protocol": "alternating rounds, order reversed every round",
+                "rates": rates,
+                "median": med,
+                "spread": spread,
+                "ratio": ratio,
+                "ratio_per_round": paired,
+                "capture_ratio": med["minimal"] / med["bare"],
+                "switch_interval_s": SWITCH_INTERVAL_S,
+                "switch_interval_gain": switch_gain,
+                "plain_json_gain": typed_gain,
+                "aiohttp_gain": aiohttp_gain,
+                "separate_wait_gain": wait_gain,
+                "client_cpu_s_per_sample": cpu,
+                "client_cpu_s_per_sample_spread": cpu_spread,
+                "rounds": result["rounds"],
+                "surroundings_before": before,
+                "surroundings_servers_up": result["before"],
+                "tokens": tokens,
+                "agreement_positions_per_sample": cfg["extract"]["agreement_positions_per_sample"],
+                "architecture": info["architecture"],
+                "args": vars(args),
+                "vllm": cfg["vllm"],
+                "versions": package_versions(),
+            },
         )
 
 

@@ -15,13 +15,14 @@ and on the CPU (slow, for a smoke test with --samples 1 --seq 256).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from eagle3_lab.results import write_result
 
 VOCAB = {4096: 128256, 7168: 163840}  # Llama-3-8B and Kimi-K2 vocabularies
 
@@ -145,7 +146,7 @@ def main() -> None:
             )
             shutil.rmtree(root)
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import csv
 import sys
 from pathlib import Path
 
-from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_lab.results import write_result
+from eagle3_pipeline.runtime.files import read_json
 
 
 def snakemake_seconds(tsv: Path) -> float | None:
@@ -134,7 +135,7 @@ def main() -> None:
             f"{fmt(r['speedup'], 2)} | {spread(r)} | {r['outputs_differing'] or '-'} |"
         )
     if args.out:
-        write_json(args.out, result)
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

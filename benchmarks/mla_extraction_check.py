@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract
 from eagle3_pipeline import target as targetlib
 from eagle3_pipeline.hidden_states import checks as verify
 from eagle3_pipeline.runtime import setup_logging
-from eagle3_pipeline.runtime.files import write_json
 from eagle3_pipeline.server import VllmServer
 
 LAYER_IDS = [1, 3, 4, 6]  # aux layers + the final one, as the extract stage asks for them
@@ -129,7 +129,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        write_json(args.out, result)
+        write_result(args.out, result)
     if max(errors.values()) > 0.1 or any(shifted[k] < 3 * errors[k] for k in errors):
         raise SystemExit("extracted hidden states do not match the reference forward")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_pipeline.runtime.files import write_json
+from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime.provenance import package_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def main() -> None:
     )
     print(f"worst dry run / snakemake --version, CPU: {worst:.2f}x (goal <= 1.5x)")
     if args.out:
-        write_json(
+        write_result(
             args.out,
             {
                 "repeats": args.repeats,

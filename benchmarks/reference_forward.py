@@ -13,9 +13,9 @@ must sit.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
+
+from eagle3_lab.results import write_result
 
 
 def main() -> None:
@@ -81,7 +81,7 @@ def main() -> None:
         {k: round(v, 4) for k, v in results["bf16_vs_fp32_rel_error"].items()},
     )
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_lab.results import write_result
+
 try:  # the changes and the plan reader are the tests' own (tests/test_workflow.py, smkcli.py)
     from test_workflow import OPERATIONAL_CHANGES, no_code_change
 
@@ -251,7 +253,7 @@ def main() -> None:
         shutil.copytree(DATA, base / "data")
         out, wall = snakemake(REPO, base, [REPO / "config" / "config.yaml"], "--cores", "all")
         full = {"wall_s": round(wall, 1), "ran": job_names(out), "code": results["code"]}
-        (base / "full_run.json").write_text(json.dumps(full, indent=2) + "\n")
+        write_result(base / "full_run.json", full)
         print(f"full run: {wall:.0f} s", flush=True)
     elif not (base / "data").exists():
         shutil.copytree(DATA, base / "data")
@@ -271,7 +273,7 @@ def main() -> None:
             flush=True,
         )
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_result(args.out, results)
         if not any(ROWS[r].get("on") == name for r in ROWS):
             with contextlib.suppress(OSError):
                 shutil.rmtree(done[name])

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from eagle3_lab import dummy_models, step_costs
+from eagle3_lab.results import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = REPO / "benchmarks/results/gpu_runs/gpu-rounds/bench/eagle3/metrics.json"
@@ -459,7 +460,7 @@ def main() -> None:
         args.k = saved["k"]
         out = report(saved["shapes"], args) | {"command": saved["command"]}
         out["recomputed_by"] = " ".join(sys.argv)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        write_result(args.out, out)
         print_projections(out)
         return
     if args.worker:  # one shape; the parent reads its JSON
@@ -476,7 +477,7 @@ def main() -> None:
             results.setdefault(shape, {})["spec_engine"] = res
         out = report(results, args)
         if args.out:  # after every engine: a later failure keeps what finished
-            Path(args.out).write_text(json.dumps(out, indent=1))
+            write_result(args.out, out)
     print_projections(out)
 
 

@@ -20,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline.prepare import loop_start
 from eagle3_pipeline.runtime.files import iter_jsonl
 
@@ -75,7 +76,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from eagle3_lab import rounds as rounds_lib
 from eagle3_lab.dummy_models import packaged_target_json
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, synth, target
 from eagle3_pipeline.engine.spec import spec_for_target
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl
-from eagle3_pipeline.runtime.provenance import code_version
 from eagle3_pipeline.runtime.provenance import package_versions as versions
 from eagle3_pipeline.server import Endpoint, VllmServer
 
@@ -158,29 +157,26 @@ def main() -> None:
         f"{[round(x['fraction'], 3) for x in identity['replicas_rounds_vs_single_first']]}"
     )
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "protocol": "alternating rounds, order reversed every round; the same "
-                    "prompts every pass, prefix caching off",
-                    "servers": args.servers,
-                    "prompts": len(rows),
-                    "runs": rates,
-                    "spread": spread,
-                    "ratio_per_round": paired,
-                    "ratio": ratio,
-                    "identical_answers": identity,
-                    "rounds": result["rounds"],
-                    "surroundings_before": before,
-                    "surroundings_servers_up": result["before"],
-                    "args": vars(args),
-                    "vllm": cfg["vllm"],
-                    "synth": s,
-                    "code": code_version(),
-                    "versions": versions(),
-                },
-                indent=2,
-            )
+        write_result(
+            args.out,
+            {
+                "protocol": "alternating rounds, order reversed every round; the same "
+                "prompts every pass, prefix caching off",
+                "servers": args.servers,
+                "prompts": len(rows),
+                "runs": rates,
+                "spread": spread,
+                "ratio_per_round": paired,
+                "ratio": ratio,
+                "identical_answers": identity,
+                "rounds": result["rounds"],
+                "surroundings_before": before,
+                "surroundings_servers_up": result["before"],
+                "args": vars(args),
+                "vllm": cfg["vllm"],
+                "synth": s,
+                "versions": versions(),
+            },
         )
 
 

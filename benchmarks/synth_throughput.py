@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from eagle3_lab import rounds as rounds_lib
 from eagle3_lab.dummy_models import packaged_target_json
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, synth, target
 from eagle3_pipeline.engine.spec import spec_from_config
@@ -193,28 +193,26 @@ def main() -> None:
     if profile:
         print(profile)
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "protocol": "alternating rounds, order reversed every round",
-                    "runs": rates,
-                    "median": {k: v["median"] for k, v in spread.items()},
-                    "spread": spread,
-                    "ratio": ratio,
-                    "ratio_per_round": paired,
-                    "aiohttp_gain": aiohttp_gain,
-                    "client_cpu_ms_per_request": cpu,
-                    "client_cpu_ms_per_request_spread": cpu_spread,
-                    "rounds": result["rounds"],
-                    "surroundings_before": before,
-                    "surroundings_servers_up": result["before"],
-                    "profile_top": profile,
-                    "args": vars(args),
-                    "vllm": cfg["vllm"],
-                    "versions": versions(),
-                },
-                indent=2,
-            )
+        write_result(
+            args.out,
+            {
+                "protocol": "alternating rounds, order reversed every round",
+                "runs": rates,
+                "median": {k: v["median"] for k, v in spread.items()},
+                "spread": spread,
+                "ratio": ratio,
+                "ratio_per_round": paired,
+                "aiohttp_gain": aiohttp_gain,
+                "client_cpu_ms_per_request": cpu,
+                "client_cpu_ms_per_request_spread": cpu_spread,
+                "rounds": result["rounds"],
+                "surroundings_before": before,
+                "surroundings_servers_up": result["before"],
+                "profile_top": profile,
+                "args": vars(args),
+                "vllm": cfg["vllm"],
+                "versions": versions(),
+            },
         )
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tau_vs_data import finish_tau_plot  # a neighbour: run as a script, benchmarks/ is on the path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline import methods
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -182,7 +183,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="JSON; the plot beside it (.png)")
     args = ap.parse_args()
     points = cpu_points() + gpu_points()
-    args.out.write_text(json.dumps({"k": K, "points": points}, indent=2) + "\n")
+    write_result(args.out, {"k": K, "points": points})
     plot(points, args.out.with_suffix(".png"))
     for p in points:
         print(

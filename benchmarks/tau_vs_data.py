@@ -18,12 +18,13 @@ import shutil
 import time
 from pathlib import Path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline import bench, train
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench import best_val
 from eagle3_pipeline.methods import method_train_config
 from eagle3_pipeline.runtime import setup_logging
-from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_pipeline.runtime.files import read_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +123,7 @@ def main() -> None:
         }
         curve["points"].append(point)
         curve["points"].sort(key=lambda p: p["samples"])
-        write_json(curve_path, curve)
+        write_result(curve_path, curve)
         shutil.rmtree(d / "train_work", ignore_errors=True)
         print(json.dumps(point), flush=True)
     plot(curve, out / "curve.png")

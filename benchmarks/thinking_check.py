@@ -21,8 +21,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.runtime.files import iter_jsonl, read_json, write_json
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json
 from eagle3_pipeline.synth import check as reasoning
 from eagle3_pipeline.target import chat_template_text, load_info
 
@@ -95,7 +96,7 @@ def main() -> None:
             for name, m in bench.items()
         },
     }
-    write_json(args.out, summary)
+    write_result(args.out, summary)
     keep = args.out.parent / "run"
     for path in [*run.glob("**/stats.json"), *run.glob("**/report.html")]:
         if ".partial" in path.parts or ".cache" in path.parts or path.stat().st_size > 1 << 20:

@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from eagle3_lab.results import write_result
+
 SHAPES = {
     # Llama-3.1-8B-like verifier; 32K draft vocab; speculators' default training shape
     "8b": dict(
@@ -618,7 +620,7 @@ def main() -> int:
     results["table"] = text
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        write_result(args.out, results)
         log(f"results: {args.out}")
     return 0
 

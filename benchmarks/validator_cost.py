@@ -29,7 +29,6 @@ loops a second (how much of the lock the validator leaves the request loop).
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from eagle3_lab.results import write_result
 from eagle3_lab.rounds import spread
 from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S
 from eagle3_pipeline.extract.validator import Timings, take_sample
@@ -224,7 +224,7 @@ def main() -> None:
                 f"wall, {r['cpu_ms_per_sample']:.2f} ms CPU a sample; phases {phases}"
             )
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

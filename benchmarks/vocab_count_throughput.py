@@ -19,7 +19,6 @@ includes importing pyarrow and reading the file from disk if it is not in the pa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline.prepare import stage as prepare
 from eagle3_pipeline.runtime import files as fileio
 from eagle3_pipeline.vocab import stage as vocab
@@ -142,7 +142,7 @@ def main() -> None:
         f"load average before/after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}"
     )
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

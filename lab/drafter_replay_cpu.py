@@ -143,8 +143,8 @@ def served_outputs(cache: Path, drafters, tgt, bench_cfgs, vllm_cfg, prompt_file
     out = {}
     for name, d in drafters.items():
         key = bench_cache.drafter_key(str(d.resolve()), tgt, bench_cfgs[name], vllm_cfg)
-        for set_name, fp in bench_cache.cache_fingerprints(prompt_files, key).items():
-            for r in bench_cache.load_cached(cache, fp) or []:
+        for set_name, runs in bench_cache.load_runs(cache, prompt_files, key).items():
+            for r in runs or []:
                 if r["temperature"] == 0 and r["concurrency"] == conc:
                     out[(name, r["k"], set_name)] = r["rounds"][0][DRAFTER]["outputs"]
     return out

@@ -234,9 +234,7 @@ def store_cache(servers, cfg, target, prompt_files, measured, cache_dir: Path) -
     base = servers[0]
     if base.name in measured:
         key = bench_cache.baseline_key(target, base.bench_cfg, cfg["vllm"])
-        bench_cache.store_cached(
-            cache_dir, bench_cache.cache_fingerprints(prompt_files, key), measured[base.name]
-        )
+        bench_cache.store_runs(cache_dir, prompt_files, key, measured[base.name])
         stored.append("baseline")
     for method in dict.fromkeys(s.method for s in servers[1:]):
         mine = [s for s in servers if s.method == method]
@@ -249,7 +247,7 @@ def store_cache(servers, cfg, target, prompt_files, measured, cache_dir: Path) -
         key = bench_cache.drafter_key(
             mine[0].drafter_dir.resolve(), target, mine[0].bench_cfg, cfg["vllm"]
         )
-        bench_cache.store_cached(cache_dir, bench_cache.cache_fingerprints(prompt_files, key), runs)
+        bench_cache.store_runs(cache_dir, prompt_files, key, runs)
         stored.append(method)
     return stored
 

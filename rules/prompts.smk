@@ -2,6 +2,8 @@ rule prompts_train:
     """The training prompt pool, normalized to one schema, and the held-out benchmark set
     taken out of it (prompts.heldout > 0)."""
     input:
+        # the target's tokenizer and chat template count each prompt's tokens
+        target=out("target/target.json"),
         # the user's prompt files: editing one re-runs this job and what depends on it
         files=train_prompt_files(),
     output:
@@ -25,6 +27,7 @@ rule prompts_bench:
     """One benchmark prompt set (a job per set: adding one touches no other). The held-out
     set is not one of them: prompts_train writes it."""
     input:
+        target=out("target/target.json"),
         files=bench_prompt_files,
     output:
         prompts=out(f"prompts/bench_{{name,{NOT_HELDOUT}}}.jsonl"),

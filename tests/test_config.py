@@ -410,8 +410,7 @@ def test_kimi_reasoning_parser_exists_in_installed_vllm():
     import importlib.util
 
     spec = importlib.util.find_spec("vllm")  # located, not imported (importing takes ~20 s)
-    if spec is None or spec.origin is None:
-        pytest.skip("vLLM is not installed")
+    assert spec is not None and spec.origin, "vLLM is not installed: scripts/setup.sh"
     registry = Path(spec.origin).parent / "reasoning" / "__init__.py"
     assert '"kimi_k2"' in registry.read_text()  # the name --reasoning-parser takes
 

@@ -14,7 +14,9 @@ from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 
 from conftest import ci_snakemake
 
-pytestmark = [pytest.mark.server, pytest.mark.e2e]
+# The first test here runs the CI-sized DAG (the session's ci_run fixture, a subprocess of at
+# most an hour: conftest.ci_snakemake) before its own assertions.
+pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 BENCH_PLOTS = ("acceptance_per_position", "acceptance_length", "throughput")
 

@@ -366,7 +366,8 @@ def test_dflash_trains_on_the_cpu_and_exports_what_vllm_reads(dflash_run, fixtur
     png = (drafter / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     # vLLM's parser of speculators checkpoints makes it a DFlash drafter on layers 15 and 27
-    base = pytest.importorskip("vllm.transformers_utils.configs.speculators.base")
+    from vllm.transformers_utils.configs.speculators import base
+
     vcfg = base.SpeculatorsConfig.extract_transformers_pre_trained_config(raw)
     assert vcfg["architectures"] == ["DFlashDraftModel"]
     assert vcfg["eagle_aux_hidden_state_layer_ids"] == [15, 27]

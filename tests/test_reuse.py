@@ -5,6 +5,7 @@ it for real on a CI-sized run)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import pytest
@@ -217,16 +218,21 @@ def test_drafter_identity_ignores_where_the_verifier_lives(tmp_path):
     assert cache.drafter_identity(tmp_path) != first
 
 
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
 @pytest.fixture
-def bench_inputs(tmp_path, monkeypatch):
-    """A drafter, target and manifest that pass the consistency check, and vLLM servers
-    replaced by passes that record what they are asked to measure (the baseline server at
-    10 tok/s, the drafter's at 12)."""
+def bench_inputs(tmp_path, monkeypatch, target_json):
+    """A drafter, target (the packaged model's tokenizer counts the prompts) and manifest that
+    pass the consistency check, and vLLM servers replaced by passes that record what they are
+    asked to measure (the baseline server at 10 tok/s, the drafter's at 12)."""
     asked: list[tuple[str, list[str]]] = []
 
     class Server:
         def __init__(self, spec_cfg):
             self.drafter = spec_cfg is not None
+            self.k = (spec_cfg or {}).get("num_speculative_tokens")
 
         def stop(self):
             pass
@@ -251,7 +257,7 @@ def bench_inputs(tmp_path, monkeypatch):
 
     def recorded(what, real):
         def fn(*args):
-            asked.append((what or args[-1], sorted(args[1])))
+            asked.append((what or args[4], sorted(args[1])))  # measure_rounds(..., who, done)
             return real(*args)
 
         return fn
@@ -266,7 +272,7 @@ def bench_inputs(tmp_path, monkeypatch):
         "check",
         lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
     )
-    write_json(tmp_path / "target.json", {"identity": "t", "model_path": str(tmp_path)})
+    write_json(tmp_path / "target.json", {**read_json(target_json), "identity": "t"})
     write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
     write_json(tmp_path / "metrics.json", {"epochs": []})
     drafter = tmp_path / "drafter"
@@ -276,7 +282,7 @@ def bench_inputs(tmp_path, monkeypatch):
     files = {}
     for name in ("one", "two", "three"):
         files[name] = tmp_path / f"bench_{name}.jsonl"
-        files[name].write_text(f'{{"id": "{name}", "messages": []}}\n')
+        files[name].write_text(json.dumps({"id": name, "messages": [user(name)]}) + "\n")
 
     def run(names, **bench_overrides):
         """The jobs as the workflow runs them: with bench.pairing: separate the baseline's,
@@ -322,13 +328,13 @@ def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     assert added["this_run"]["cached_sets"] == ["one", "two"]
     _, removed = run(["two"], **sep)
     assert len(asked) == 4 and [r["prompt_set"] for r in removed["runs"]] == ["two"]
-    files["one"].write_text('{"id": "one-edited", "messages": []}\n')
+    files["one"].write_text(json.dumps({"id": "one-edited", "messages": [user("one")]}) + "\n")
     run(["one", "two"], **sep)  # an edited set is measured again, alone
     assert asked[-2:] == [("baseline", ["one"]), ("drafter", ["one"])]
     _, judged = run(["one", "two"], min_acceptance_length=2.0, **sep)  # a threshold re-judges
     assert len(asked) == 6 and not judged["verdict"]["ok"]
-    run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # the drafter's k: baseline stays
-    assert asked[6:] == [("drafter", ["one", "two"])] * 2  # one server per k
+    run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # another k: only it, baseline stays
+    assert asked[6:] == [("drafter", ["one", "two"])]  # one server, for k = 2 (3 is cached)
     run(["one", "two"], max_tokens=7, **sep)  # a measurement setting: everything again
     assert asked[-2:] == [("baseline", ["one", "two"]), ("drafter", ["one", "two"])]
     assert read_json(files["two"].parent / "bench.json")["this_run"]["measured_sets"] == [
@@ -348,7 +354,52 @@ def test_alternating_bench_measures_the_baseline_beside_each_drafter(bench_input
     assert row["acceptance_length"] == pytest.approx(1.5)  # 10 of 20 drafts accepted
     _, again = run(["one", "two"], rounds=2)  # cached, baseline included: no server
     assert len(asked) == 1 and again["this_run"]["servers_started"] == 0
-    run(["one", "two"], rounds=2, num_speculative_tokens=[2, 3])
-    assert asked[1:] == [("pair", ["one", "two"])] * 2  # per k, next to one baseline server
+    _, two_ks = run(["one", "two"], rounds=2, num_speculative_tokens=[2, 3, 4])
+    assert asked[1:] == [("pair", ["one", "two"])] * 2  # k = 2 and 4, beside one baseline
+    assert two_ks["this_run"]["servers_started"] == 3
     run(["one", "two"], rounds=3)  # more rounds: measured again
     assert asked[-1] == ("pair", ["one", "two"])
+
+
+def test_a_failed_set_costs_only_itself(bench_inputs, monkeypatch):
+    """A request of set 'two' fails at k = 3 (a prompt too long for the context, a server that
+    died): every set measured before it is kept, at k = 2 and at k = 3, and the re-run
+    measures only what failed and what had not been measured, with one server per k left."""
+    run, asked, _ = bench_inputs
+    passes = measure.one_pass
+
+    def failing(server, prompts, *args, **kwargs):
+        if server.k == 3 and prompts[0]["id"] == "two":
+            raise bench.BenchError("request 0 (prompt 'two') failed: BadRequestError")
+        return passes(server, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(measure, "one_pass", failing)
+    ks = {"rounds": 2, "num_speculative_tokens": [2, 3]}
+    with pytest.raises(bench.BenchError, match="prompt 'two'"):
+        run(["one", "two", "three"], **ks)
+    assert asked == [("pair", ["one", "three", "two"])] * 2  # k = 2 whole, k = 3 up to 'two'
+    monkeypatch.setattr(measure, "one_pass", passes)
+    _, again = run(["one", "two", "three"], **ks)
+    assert asked[2:] == [("pair", ["three", "two"])]  # at k = 3 only: 'one' was kept
+    assert again["this_run"]["servers_started"] == 2  # the baseline and the k = 3 drafter
+    assert again["this_run"]["measured_sets"] == ["two", "three"]
+    assert again["this_run"]["cached_sets"] == ["one"]
+    assert [(r["prompt_set"], r["k"]) for r in again["runs"]] == [
+        (name, k) for k in (2, 3) for name in ("one", "two", "three")
+    ]
+
+
+def test_a_prompt_too_long_for_the_context_fails_before_any_server(bench_inputs):
+    """The held-out set is checked against synth's answers when it is written; where
+    bench.max_tokens leaves less room, its prompt would fail the job at its request: the job
+    stops before starting a server, naming the prompt, its tokens and the limit."""
+    run, asked, files = bench_inputs
+    files["two"].write_text(json.dumps({"id": "two", "messages": [user("word " * 600)]}) + "\n")
+    with pytest.raises(bench.BenchError) as err:
+        run(["one", "two"], max_tokens=1500)  # of vllm.max_model_len 2048
+    assert asked == []
+    assert str(err.value).startswith(
+        "1 prompt(s) are longer than the context leaves for the answer, 548 tokens "
+        "(vllm.max_model_len 2048 - bench.max_tokens 1500): two/two ("
+    )
+    assert "raise vllm.max_model_len or lower bench.max_tokens" in str(err.value)

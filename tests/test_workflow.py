@@ -704,6 +704,9 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
         "prompts.selection",
         "prompts.sources",
         "prompts.stage",
+        "target",  # its tokenizer and chat template count a prompt's tokens
+        "target.chat",
+        "target.stage",
     )
     assert "train.entry" in logic_modules(REPO / "workflow_scripts" / "train.py")
     assert "hidden_states.connector" in logic_modules(REPO / "workflow_scripts" / "extract.py")
@@ -746,7 +749,8 @@ def test_a_local_targets_config_is_an_input(tmp_path, fake_model_dir):
         config.write_text("{}")
         os.utime(config, (st.st_atime, st.st_mtime))
     assert jobs["target"] == f"Updated input files: {config}"
-    assert not {"prompts_train", "prompts_bench"} & set(jobs)
+    # the prompts' tokens are counted with the target's tokenizer and chat template
+    assert {"prompts_train", "prompts_bench"} <= set(jobs)
     assert {"synth", "extract", "train", "bench", "report"} <= set(jobs)
 
 
@@ -818,8 +822,12 @@ BENCHES = ["bench[method=dflash]", "bench[method=dflash_b4]", "bench[method=eagl
             {"bench": {"num_speculative_tokens": {"eagle3": [3], "dflash": [5], "dflash_b4": [3]}}},
             ["bench[method=dflash]", "report"],
         ),
-        # what the baseline measures: every drafter's bench (each measures it beside its own)
-        ({"bench": {"max_tokens": 64}}, [*BENCHES, "report"]),
+        # what the baseline measures: every drafter's bench (each measures it beside its own),
+        # and the benchmark sets, whose prompts must leave room for the answer
+        (
+            {"bench": {"max_tokens": 64}},
+            [*BENCHES, "prompts_bench[name=humaneval]", "prompts_bench[name=mtbench]", "report"],
+        ),
         # DFlash on layers of its own: extraction captures them too, and everything after it
         (
             {"train": {"dflash": {"layer_ids": [1, 15]}}},

@@ -5,6 +5,7 @@ an unchanged set is not measured again and, with nothing to measure, no server s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ NOT_MEASURED = (
     "bench.min_measured_to_predicted",
 )
 # Bump when what a cache entry holds changes: older entries are then measured again.
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 
 
 def measurement_settings(cfg: dict, vllm_cfg: dict, rule: str = "bench") -> dict[str, Any]:
@@ -77,8 +78,29 @@ def drafter_key(drafter_dir, target: dict, cfg: dict, vllm_cfg: dict) -> tuple[s
     return (drafter_identity(drafter_dir), target, measurement_settings(cfg, vllm_cfg))
 
 
-def load_cached(cache_dir: Path, fp: str) -> list[dict] | None:
-    path = cache_dir / f"{fp}.json"
+K = "bench.num_speculative_tokens"
+
+
+def unit_fingerprints(
+    prompt_files: dict[str, str], key: tuple[str | None, dict, dict]
+) -> dict[tuple[str, int | None], str]:
+    """The units a measurement is cached in, each under its fingerprint: per prompt set and,
+    for a drafter, per k (one server each), so that a failure loses only the unit at hand and
+    another k measures only itself; the baseline's unit is the set (k None). ``key`` is
+    (drafter identity or None, target, settings)."""
+    drafter, target, settings = key
+    ks = settings.get(K) or [None]
+    return {
+        (name, k): set_fingerprint(
+            drafter, target, path, settings if k is None else {**settings, K: k}
+        )
+        for k in ks
+        for name, path in prompt_files.items()
+    }
+
+
+def load_cached(cache_dir, fp: str) -> list[dict] | None:
+    path = Path(cache_dir) / f"{fp}.json"
     try:
         entry = read_json(path)
     except (OSError, ValueError):
@@ -86,57 +108,74 @@ def load_cached(cache_dir: Path, fp: str) -> list[dict] | None:
     return entry["runs"] if entry.get("fingerprint") == fp else None
 
 
-def store_cached(cache_dir, fps: dict[str, str], measured: dict[str, list[dict]]) -> None:
-    """Keep each prompt set's runs under its fingerprint (``fps``) in ``cache_dir``."""
-    for name, runs in measured.items():
-        write_json(
-            Path(cache_dir) / f"{fps[name]}.json",
-            {"fingerprint": fps[name], "prompt_set": name, "runs": runs},
-        )
+def store_cached(cache_dir, fp: str, name: str, runs: list[dict]) -> None:
+    """Keep one unit's runs (prompt set ``name``) under its fingerprint in ``cache_dir``."""
+    write_json(
+        Path(cache_dir) / f"{fp}.json", {"fingerprint": fp, "prompt_set": name, "runs": runs}
+    )
 
 
-def cache_fingerprints(
-    prompt_files: dict[str, str], key: tuple[str | None, dict, dict]
-) -> dict[str, str]:
-    """Per prompt set, the fingerprint its measurement is cached under: ``key`` is (drafter
-    identity or None, target, settings)."""
-    drafter, target, settings = key
-    return {
-        name: set_fingerprint(drafter, target, path, settings)
-        for name, path in prompt_files.items()
-    }
+def load_runs(cache_dir, prompt_files: dict[str, str], key) -> dict[str, list[dict] | None]:
+    """Per prompt set, its cached runs over every k of ``key`` (None where a unit is
+    missing)."""
+    by_set: dict[str, list[dict] | None] = {name: [] for name in prompt_files}
+    for (name, _), fp in unit_fingerprints(prompt_files, key).items():
+        runs = load_cached(cache_dir, fp)
+        by_set[name] = None if runs is None or by_set[name] is None else by_set[name] + runs
+    return by_set
+
+
+def store_runs(cache_dir, prompt_files: dict[str, str], key, by_set: dict[str, list[dict]]):
+    """Keep each prompt set's runs of ``by_set`` (each run with its ``k`` for a drafter) in
+    their units."""
+    for (name, k), fp in unit_fingerprints(prompt_files, key).items():
+        if name in by_set:
+            store_cached(cache_dir, fp, name, [r for r in by_set[name] if r.get("k") == k])
+
+
+MeasureTodo = Callable[[dict[int | None, dict[str, list[dict]]], Callable], int]
 
 
 def measure_cached(
     prompt_files: dict[str, str],
     cache_dir,
     key: tuple[str | None, dict, dict],
-    measure_todo,
+    measure_todo: MeasureTodo,
 ) -> tuple[dict[str, list[dict]], dict[str, Any]]:
-    """Per prompt set, its runs: from ``cache_dir`` where the set's fingerprint (of ``key``:
-    drafter identity or None, target, settings; and the set's content) has an entry, else
-    measured by ``measure_todo({name: prompts})`` (-> (runs per set, servers started)) and
-    cached. Returns the runs and ``this_run`` (what was measured or reused)."""
+    """Per prompt set, its runs: from ``cache_dir`` where a unit (:func:`unit_fingerprints`)
+    has an entry, else measured by ``measure_todo(todo, keep)`` and cached. ``todo`` is
+    {k (None for the baseline): {set name: prompts}}; ``keep(name, runs, k)`` stores a unit as
+    soon as it is measured, so a failure later in the job loses only the unit at hand;
+    ``measure_todo`` returns how many servers it started. Returns the runs and ``this_run``
+    (what was measured or reused)."""
     cache_dir = Path(cache_dir)
-    fps = cache_fingerprints(prompt_files, key)
-    by_set = {name: load_cached(cache_dir, fp) for name, fp in fps.items()}
-    todo = {
-        name: list(iter_jsonl(prompt_files[name])) for name, runs in by_set.items() if runs is None
-    }
+    fps = unit_fingerprints(prompt_files, key)
+    units = {unit: load_cached(cache_dir, fp) for unit, fp in fps.items()}
+    todo: dict[int | None, dict[str, list[dict]]] = {}
+    for (name, k), runs in units.items():
+        if runs is None:
+            todo.setdefault(k, {})[name] = list(iter_jsonl(prompt_files[name]))
+    measured = list(dict.fromkeys(name for sets in todo.values() for name in sets))
+    cached = [name for name in prompt_files if name not in measured]
     log.info(
         "%d prompt set(s) cached (%s), %d to measure (%s)",
-        len(by_set) - len(todo),
-        ", ".join(n for n in by_set if n not in todo) or "none",
-        len(todo),
-        ", ".join(todo) or "none",
+        len(cached),
+        ", ".join(cached) or "none",
+        len(measured),
+        ", ".join(n if k is None else f"{n} at k={k}" for k, sets in todo.items() for n in sets)
+        or "none",
     )
-    servers = 0
-    if todo:
-        measured, servers = measure_todo(todo)
-        store_cached(cache_dir, fps, measured)
-        by_set.update(measured)
+
+    def keep(name: str, runs: list[dict], k: int | None = None) -> None:
+        store_cached(cache_dir, fps[(name, k)], name, runs)
+        units[(name, k)] = runs
+
+    servers = measure_todo(todo, keep) if todo else 0
+    by_set = {name: [] for name in prompt_files}
+    for (name, _), runs in units.items():
+        by_set[name] += runs
     return by_set, {
         "servers_started": servers,
-        "measured_sets": list(todo),
-        "cached_sets": [n for n in by_set if n not in todo],
+        "measured_sets": measured,
+        "cached_sets": cached,
     }

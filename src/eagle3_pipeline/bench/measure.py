@@ -17,7 +17,8 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..runtime import for_each
@@ -141,7 +142,10 @@ async def _pass(
                 client, request_body(prompts[i], model, i, temperature, cfg)
             )
         except openai.APIError as e:
-            raise BenchError(f"request {i} failed: {type(e).__name__}: {str(e)[:300]}") from e
+            raise BenchError(
+                f"request {i} (prompt {prompts[i].get('id')!r}) failed: {type(e).__name__}: "
+                f"{str(e)[:300]}"
+            ) from e
         results[i] = {
             "latency_s": time.monotonic() - t0,
             "token_ids": data["choices"][0].get("token_ids") or [],
@@ -233,21 +237,67 @@ def _process_group(pid: int) -> int | None:
         return None
 
 
-def surroundings(servers: Iterable) -> dict[str, Any]:
+def _cpu_ticks(cpus: set[int], groups: set[int]) -> dict[str, int] | None:
+    """Clock ticks since boot of the cores ``cpus`` (busy and in all, from /proc/stat) and of
+    the bench's own processes: this one and those of the process ``groups`` (its servers);
+    None where there is no /proc (not Linux)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
+            user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[:8])
+            busy += user + nice + system + irq + softirq + steal
+            total += user + nice + system + idle + iowait + irq + softirq + steal
+    ours = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # after the command name (which may hold spaces): state, ppid, pgrp, ... utime,
+            # stime (fields 14 and 15 of proc(5))
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) in groups or stat.parent.name == str(os.getpid()):
+            ours += int(fields[11]) + int(fields[12])
+    return {"busy": busy, "total": total, "ours": ours}
+
+
+def other_cpu_share(before: dict | None, after: dict | None) -> float | None:
+    """The share of the cores' time between two :func:`_cpu_ticks` that processes other than
+    the bench's used; None where either is unknown."""
+    if not before or not after or after["total"] <= before["total"]:
+        return None
+    others = (after["busy"] - before["busy"]) - (after["ours"] - before["ours"])
+    return round(max(others, 0) / (after["total"] - before["total"]), 3)
+
+
+def surroundings(servers: Iterable, since: dict | None = None) -> dict[str, Any]:
     """What shares the machine with the measurement: GPU compute processes that belong to none
-    of ``servers`` (each runs in a process group of its own), and the 1-minute load average
-    against the number of cores."""
-    ours = {_process_group(s.proc.pid) for s in servers if getattr(s, "proc", None)}
-    ours.discard(None)
+    of ``servers`` (each runs in a process group of its own), the 1-minute load average, the
+    cores this process may run on, and their clock ticks (:func:`_cpu_ticks`). With ``since``
+    (the surroundings at the start of a measurement): ``other_cpu_share``, the share of the
+    cores' time in between that other processes than the bench's (this one, its servers) used.
+    The load average alone cannot say that: it counts the bench's own servers (on the CPU
+    vLLM keeps every core busy by itself) and trails a measurement by a minute."""
+    groups = {_process_group(s.proc.pid) for s in servers if getattr(s, "proc", None)}
+    groups.discard(None)
     gpu = _gpu_processes()
     others = None
     if gpu is not None:
-        others = [p for p in gpu if "pid" not in p or _process_group(p["pid"]) not in ours]
-    return {
+        others = [p for p in gpu if "pid" not in p or _process_group(p["pid"]) not in groups]
+    cpus = os.sched_getaffinity(0)
+    env = {
         "other_gpu_processes": others,
         "loadavg_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
+        "cpus": len(cpus),
+        "cpu_ticks": _cpu_ticks(cpus, groups),
     }
+    if since is not None:
+        env["other_cpu_share"] = other_cpu_share(since.get("cpu_ticks"), env["cpu_ticks"])
+    return env
 
 
 # ---- the rounds protocol ---------------------------------------------------------------------
@@ -273,66 +323,85 @@ def _slim(res: dict, keep_outputs: bool) -> dict:
     return {k: v for k, v in res.items() if keep_outputs or k != "outputs"}
 
 
-def cells(sets: Mapping[str, list[dict]], cfg: dict) -> list[tuple[str, float, int]]:
-    """Every (prompt set, temperature, concurrency) to measure, in measuring order."""
-    return [(name, t, c) for t in cfg["temperatures"] for c in cfg["concurrency"] for name in sets]
+SetDone = Callable[[str, list[dict]], None]
+
+
+def _measure_cells(
+    sets: Mapping[str, list[dict]],
+    cfg: dict,
+    rounds: int,
+    servers: list,
+    measure_round: Callable[[str, float, int, int], dict],
+    done: SetDone | None,
+) -> dict[str, list[dict]]:
+    """Per prompt set, one entry per (temperature, concurrency), the cells, measured set by
+    set: each cell's rounds (``measure_round(set, T, c, r)``) and the surroundings before and
+    after them. ``done(set, entries)`` is called as each set is complete."""
+    out: dict[str, list[dict]] = {name: [] for name in sets}
+    for name in sets:
+        for t in cfg["temperatures"]:
+            for c in cfg["concurrency"]:
+                env_before = surroundings(servers)
+                entry = [measure_round(name, t, c, r) for r in range(rounds)]
+                out[name].append(
+                    {
+                        "temperature": t,
+                        "concurrency": c,
+                        "rounds": entry,
+                        "surroundings": [env_before, surroundings(servers, since=env_before)],
+                    }
+                )
+        if done is not None:
+            done(name, out[name])
+    return out
 
 
 def measure_alternating(
-    servers: Mapping[str, Any], sets: Mapping[str, list[dict]], cfg: dict, rounds: int
+    servers: Mapping[str, Any],
+    sets: Mapping[str, list[dict]],
+    cfg: dict,
+    rounds: int,
+    done: SetDone | None = None,
 ) -> dict[str, list[dict]]:
     """Per prompt set, one entry per (temperature, concurrency): the cell's ``rounds`` rounds,
     each a pass on the baseline and on the drafter server in :func:`round_order`. Outputs are
-    kept from round 0 (compared at T=0)."""
+    kept from round 0 (compared at T=0). ``done(set, entries)``: called as each set is
+    complete, so that a failure later on loses only the set at hand."""
     first = next(iter(sets.values()))
     for server in servers.values():
         warm_up(server, first, cfg)
-    out: dict[str, list[dict]] = {name: [] for name in sets}
-    for name, t, c in cells(sets, cfg):
-        env_before = surroundings(servers.values())
-        entry = []
-        for r in range(rounds):
-            order = round_order(r)
-            passes = {}
-            for who in order:
-                res = one_pass(servers[who], sets[name], t, c, cfg, spec=who == DRAFTER)
-                _log_pass(who, name, t, c, r, res)
-                passes[who] = _slim(res, keep_outputs=r == 0)
-            entry.append({"order": list(order), **passes})
-        out[name].append(
-            {
-                "temperature": t,
-                "concurrency": c,
-                "rounds": entry,
-                "surroundings": [env_before, surroundings(servers.values())],
-            }
-        )
-    return out
+
+    def measure_round(name: str, t: float, c: int, r: int) -> dict:
+        order = round_order(r)
+        passes = {}
+        for who in order:
+            res = one_pass(servers[who], sets[name], t, c, cfg, spec=who == DRAFTER)
+            _log_pass(who, name, t, c, r, res)
+            passes[who] = _slim(res, keep_outputs=r == 0)
+        return {"order": list(order), **passes}
+
+    return _measure_cells(sets, cfg, rounds, list(servers.values()), measure_round, done)
 
 
 def measure_rounds(
-    server, sets: Mapping[str, list[dict]], cfg: dict, rounds: int, who: str
+    server,
+    sets: Mapping[str, list[dict]],
+    cfg: dict,
+    rounds: int,
+    who: str,
+    done: SetDone | None = None,
 ) -> dict[str, list[dict]]:
     """Per prompt set, one entry per (temperature, concurrency): ``rounds`` passes on one
-    server (``who``: baseline or drafter), back to back (``bench.pairing: separate``)."""
+    server (``who``: baseline or drafter), back to back (``bench.pairing: separate``);
+    ``done`` as for :func:`measure_alternating`."""
     warm_up(server, next(iter(sets.values())), cfg)
-    out: dict[str, list[dict]] = {name: [] for name in sets}
-    for name, t, c in cells(sets, cfg):
-        env_before = surroundings([server])
-        entry = []
-        for r in range(rounds):
-            res = one_pass(server, sets[name], t, c, cfg, spec=who == DRAFTER)
-            _log_pass(who, name, t, c, r, res)
-            entry.append({"order": [who], who: _slim(res, keep_outputs=r == 0)})
-        out[name].append(
-            {
-                "temperature": t,
-                "concurrency": c,
-                "rounds": entry,
-                "surroundings": [env_before, surroundings([server])],
-            }
-        )
-    return out
+
+    def measure_round(name: str, t: float, c: int, r: int) -> dict:
+        res = one_pass(server, sets[name], t, c, cfg, spec=who == DRAFTER)
+        _log_pass(who, name, t, c, r, res)
+        return {"order": [who], who: _slim(res, keep_outputs=r == 0)}
+
+    return _measure_cells(sets, cfg, rounds, [server], measure_round, done)
 
 
 def latency(passes: Iterable[dict]) -> dict[str, float]:

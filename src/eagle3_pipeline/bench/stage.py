@@ -22,12 +22,13 @@ from pathlib import Path
 
 from .. import methods
 from ..engine import cpu_fixes as vllm_cpu_fixes
-from ..engine.spec import seeded_sampling_args, spec_for_target
+from ..engine.spec import seeded_sampling_args, served_dtype, spec_for_target
 from ..methods import consistency, predicted_acceptance_length
 from ..runtime.files import read_json, sha256_file, write_json
 from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
 from ..stats import median
+from ..target.chat import context_limit
 from ..target.stage import load_info
 from .cache import baseline_key, drafter_key, measure_cached
 from .measure import (
@@ -133,9 +134,36 @@ def start_server(
         raise BenchError(f"vLLM failed to start {what}. {hint}{e}") from e
 
 
-def _with_k(k: int, measured: dict[str, list[dict]], runs: dict[str, list[dict]]) -> None:
-    for name, entries in measured.items():
-        runs[name] += [{"k": k, **e} for e in entries]
+def check_context(target_json, sets: dict[str, list[dict]], cfg: dict, vllm_cfg: dict) -> None:
+    """Every prompt of ``sets`` fits the context its answer leaves (vllm.max_model_len -
+    bench.max_tokens, counted with the target's tokenizer and chat template): a server refuses
+    one that does not, which would fail the job at that request. The prompts stage skips such
+    prompts from the sets it writes; the held-out set is checked there against synth's answers,
+    so this finds one where bench.max_tokens is the larger. Run before any server starts."""
+    context = context_limit(
+        target_json,
+        vllm_cfg["max_model_len"],
+        "bench.max_tokens",
+        cfg["max_tokens"],
+        cfg.get("chat_template_kwargs") or {},
+    )
+    over = [
+        f"{name}/{p['id']} ({tokens} tokens)"
+        for name, prompts in sets.items()
+        for p in prompts
+        if (tokens := context.tokens(p["messages"])) > context.max_tokens
+    ]
+    if over:
+        raise BenchError(
+            f"{len(over)} prompt(s) are longer than the context leaves for the answer, "
+            f"{context.max_tokens} tokens ({context.why}): {', '.join(over[:10])}; a server "
+            f"would refuse them: {context.fix()}"
+        )
+
+
+def _kept_with_k(keep, k: int):
+    """``keep`` for the measurements of the drafter server at ``k``: each run labelled with it."""
+    return lambda name, runs: keep(name, [{"k": k, **r} for r in runs], k)
 
 
 # ---- rule bench_baseline (bench.pairing: separate) ---------------------------------------
@@ -158,12 +186,14 @@ def run_baseline(
     key = baseline_key(target, cfg, vllm_cfg)
     rounds = bench_rounds(cfg, vllm_cfg)
 
-    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
+    def measure_todo(todo: dict[None, dict[str, list[dict]]], keep) -> int:
+        check_context(target_json, todo[None], cfg, vllm_cfg)
         server = start_server(cfg, vllm_cfg, target, None, "the baseline server", log_path)
         try:
-            return measure_rounds(server, todo, cfg, rounds, BASELINE), 1
+            measure_rounds(server, todo[None], cfg, rounds, BASELINE, keep)
         finally:
             server.stop()
+        return 1
 
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     baseline = {
@@ -305,28 +335,30 @@ def run(
         what = f"the server with the {method} drafter (k={k})"
         return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
 
-    def measure_todo(todo: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], int]:
-        runs: dict[str, list[dict]] = {n: [] for n in todo}
+    def measure_todo(todo: dict[int, dict[str, list[dict]]], keep) -> int:
+        """One drafter server per k with sets to measure, beside one baseline server."""
+        check_context(
+            target_json, {n: p for sets in todo.values() for n, p in sets.items()}, cfg, vllm_cfg
+        )
         baseline = None
         if paired:
             what = "the baseline server (no drafter)"
             baseline = start_server(cfg, vllm_cfg, target, None, what, log_path, paired)
         try:
-            for k in ks:
+            for k, sets in todo.items():
                 server = drafter_server(k)
                 try:
                     if paired:
                         servers = {BASELINE: baseline, DRAFTER: server}
-                        measured = measure_alternating(servers, todo, cfg, rounds)
+                        measure_alternating(servers, sets, cfg, rounds, _kept_with_k(keep, k))
                     else:
-                        measured = measure_rounds(server, todo, cfg, rounds, DRAFTER)
+                        measure_rounds(server, sets, cfg, rounds, DRAFTER, _kept_with_k(keep, k))
                 finally:
                     server.stop()
-                _with_k(k, measured, runs)
         finally:
             if baseline is not None:
                 baseline.stop()
-        return runs, len(ks) + paired
+        return len(todo) + paired
 
     key = drafter_key(drafter_dir, target, cfg, vllm_cfg)
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
@@ -355,7 +387,9 @@ def run(
     )
     # on the CPU, whether vLLM could load the fix that makes acceptance at T > 0 right
     cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
-    verdict = judge(runs, cfg, cpu_sampling_fix)
+    # in float32 speculative decoding at T = 0 must give the target's own tokens
+    exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
+    verdict = judge(runs, cfg, cpu_sampling_fix, exact_outputs=exact)
     shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)

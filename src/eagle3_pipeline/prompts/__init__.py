@@ -47,10 +47,15 @@ Filtering, per source, in this order (:func:`filter_rows`, :func:`select`):
 4. duplicates - same kept messages after whitespace normalization (not counted as bad); a
    repeated ``id`` with different content counts as malformed;
 5. seeded sampling of ``n`` rows (``random.Random(seed + per-source offset)``), kept in file
-   order.
+   order;
+6. ``over_context`` - a sampled prompt longer than the context leaves for its answer
+   (``vllm.max_model_len`` - ``synth.max_tokens`` for the training pool, - ``bench.max_tokens``
+   for a benchmark set), in tokens of the target's tokenizer and chat template, as the server
+   counts them (:func:`fit_context`): a server would refuse it. Checked after sampling, so the
+   other prompts stay the ones they were.
 
 A source fails the job (ValueError) when more than ``prompts.max_bad_fraction`` of the rows it
-read are malformed, empty or over-length.
+read are malformed, empty or over-length, or of those it sampled over the context.
 
 Held-out set: ``prompts.heldout: N`` takes N prompts out of the sampled training pool
 (:func:`split_heldout`: by a seeded hash of their ids) before synth, so they are never trained
@@ -81,6 +86,7 @@ from .selection import (
     check_bad_fraction,
     collect,
     filter_rows,
+    fit_context,
     new_counts,
     select,
     source_offset,
@@ -115,6 +121,7 @@ __all__ = [
     "collect",
     "dedupe_key",
     "filter_rows",
+    "fit_context",
     "humaneval_message",
     "iter_file_rows",
     "iter_json_array",

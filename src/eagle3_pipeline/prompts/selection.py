@@ -18,7 +18,7 @@ from .sources import read_source
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
 
-BAD_REASONS = ("malformed", "empty", "over_length")
+BAD_REASONS = ("malformed", "empty", "over_length", "over_context")
 SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
 
 
@@ -177,6 +177,45 @@ def collect(
         stats["seconds"],
     )
     return picked, stats
+
+
+def fit_context(
+    rows: list[dict], context, where: str, max_bad_fraction: float
+) -> tuple[list[dict], dict | None]:
+    """The rows whose prompt fits ``context`` (a :class:`~eagle3_pipeline.target.chat.
+    ContextLimit`: the target's tokens with its chat template, against what the context leaves
+    for the answer), in order, and what was skipped (None when nothing was): the limit, how it
+    was set and the prompts over it with their token counts. Applied to the sampled rows, so
+    that the others stay the rows they were; a server would refuse each skipped one. ValueError
+    when more than ``max_bad_fraction`` of them are over it."""
+    kept, over = [], []
+    for row in rows:
+        tokens = context.tokens(row["messages"])
+        if tokens > context.max_tokens:
+            over.append({"id": row["id"], "tokens": tokens})
+        else:
+            kept.append(row)
+    if not over:
+        return kept, None
+    limit = f"{context.max_tokens} tokens ({context.why})"
+    for o in over[:10]:
+        log.warning("prompt %s is %d tokens, over the %s: skipped", o["id"], o["tokens"], limit)
+    if len(over) > 10:
+        log.warning("... and %d more prompts over %s", len(over) - 10, limit)
+    if len(over) > max_bad_fraction * len(rows):
+        longest = max(over, key=lambda o: o["tokens"])
+        raise ValueError(
+            f"prompt source {where}: {len(over)} of {len(rows)} sampled prompts are longer than "
+            f"the context leaves for the answer, {limit} (the longest: {longest['id']}, "
+            f"{longest['tokens']} tokens), more than `prompts.max_bad_fraction` = "
+            f"{max_bad_fraction}: {context.fix()}"
+        )
+    return kept, {
+        "limit": context.max_tokens,
+        "why": context.why,
+        "count": len(over),
+        "prompts": over[:100],
+    }
 
 
 def split_heldout(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict]]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from ..config import HELDOUT_SET, source_name
 from ..runtime.files import write_json, write_jsonl
 from ..runtime.provenance import provenance
+from ..target.chat import ContextLimit
 from .rows import validate_row
-from .selection import BAD_REASONS, collect, new_counts, split_heldout
+from .selection import BAD_REASONS, collect, fit_context, new_counts, split_heldout
 
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
@@ -38,7 +39,11 @@ def _totals(per_source: dict[str, dict]) -> dict:
     return tot
 
 
-def _collect_split(specs: list[dict], split: str, params: dict) -> tuple[dict, dict]:
+def _collect_split(
+    specs: list[dict], split: str, params: dict, context: ContextLimit | None
+) -> tuple[dict, dict]:
+    """Each source's sampled rows and stats; with ``context``, without the prompts too long for
+    it (counted as over_context)."""
     rows_by_name: dict[str, list[dict]] = {}
     stats: dict[str, dict] = {}
     for i, spec in enumerate(specs):
@@ -48,9 +53,14 @@ def _collect_split(specs: list[dict], split: str, params: dict) -> tuple[dict, d
                 f"config key `prompts.{split}[{i}]`: two sources are called "
                 f"{name!r}; give them different `name`s"
             )
-        rows_by_name[name], stats[name] = collect(
+        rows, stats[name] = collect(
             spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"]
         )
+        if context is not None:
+            rows, over = fit_context(rows, context, f"{split}/{name}", params["max_bad_fraction"])
+            stats[name]["skipped"]["over_context"] = over["count"] if over else 0
+            stats[name]["over_context"] = over
+        rows_by_name[name] = rows
     return rows_by_name, stats
 
 
@@ -85,6 +95,7 @@ def build_train(
     stats_out: str | Path,
     heldout_out: str | Path | None = None,
     heldout_stats_out: str | Path | None = None,
+    context: ContextLimit | None = None,
 ) -> dict:
     """Write the training pool of every ``prompts.train`` source and its stats; return them.
 
@@ -92,13 +103,15 @@ def build_train(
     ``heldout`` is 0 unless given). With ``heldout: N`` > 0, N prompts of the pool
     (:func:`split_heldout`) are never trained on: they are written to ``heldout_out`` as the
     benchmark set :data:`HELDOUT_SET`, where the acceptance predicted by validation applies.
+    ``context``: the limit synth's requests put on a prompt (vllm.max_model_len -
+    synth.max_tokens); sampled prompts over it are skipped (over_context).
     """
     params = {**DEFAULTS, **params}
     n_heldout = int(params.get("heldout") or 0)
     if n_heldout and heldout_out is None:
         raise ValueError("prompts.heldout > 0 needs a path for the held-out benchmark set")
     t0 = time.monotonic()
-    rows_by_name, stats = _collect_split(params["train"], "train", params)
+    rows_by_name, stats = _collect_split(params["train"], "train", params, context)
     pool = [row for part in rows_by_name.values() for row in part]
     train_rows, held = split_heldout(pool, n_heldout, params["seed"])
     if held:
@@ -131,10 +144,18 @@ def build_train(
     return result
 
 
-def build_bench(params: dict, spec: dict, out: str | Path, stats_out: str | Path) -> dict:
+def build_bench(
+    params: dict,
+    spec: dict,
+    out: str | Path,
+    stats_out: str | Path,
+    context: ContextLimit | None = None,
+) -> dict:
     """Write one benchmark prompt set, defined by ``spec`` (an entry of ``prompts.bench``),
-    and its stats; return the stats. ``params`` gives seed, max_chars and max_bad_fraction."""
+    and its stats; return the stats. ``params`` gives seed, max_chars and max_bad_fraction;
+    ``context`` the limit the bench's requests put on a prompt (vllm.max_model_len -
+    bench.max_tokens): sampled prompts over it are skipped (over_context)."""
     params = {**DEFAULTS, **params, "bench": [spec]}
     t0 = time.monotonic()
-    rows, stats = _collect_split([spec], "bench", params)
+    rows, stats = _collect_split([spec], "bench", params, context)
     return _write_split("bench", params, rows, stats, out, stats_out, t0)

@@ -43,7 +43,11 @@ VERDICT_NOTE = (
     "alternate the baseline server runs beside the drafter's and the rounds alternate between "
     "them (the speedup is paired per round); with separate one baseline is measured for every "
     "method and the range allows for every combination of rounds. ~ marks a speedup whose "
-    "range crosses 1: within noise. Below 1 the drafter makes decoding slower."
+    "range crosses 1: within noise. The verdict calls a drafter OK only where every round of "
+    "every measurement was faster with it, in at least two rounds (one round cannot tell a "
+    "speedup from noise: ONE ROUND), with the machine to itself (no other process on the GPU, "
+    "at most a quarter of the bench's cores used by other processes), and, in float32, with "
+    "every output at T = 0 equal to the target's own."
 )
 
 
@@ -68,6 +72,7 @@ def _benchmark(methods: dict[str, dict]) -> list:
             ("banner", verdict.get("ok", False), prefix + verdict.get("message", "no verdict"))
         )
         blocks += [("banner", False, prefix + p) for p in verdict.get("problems", [])[1:]]
+        blocks += [("p", prefix + note) for note in verdict.get("notes", [])]
         for r in m["bench"].get("runs", []):
             ovb = r.get("outputs_vs_baseline")
             rows.append(

@@ -42,8 +42,25 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "target.trust_remote_code",
         "target.chat_template",
     ),
-    "prompts_train": ("prompts.seed", "prompts.max_chars", "prompts.train", "prompts.heldout"),
-    "prompts_bench": ("prompts.seed", "prompts.max_chars", "prompts.bench"),
+    # A prompt is kept where it fits the context its answer leaves (target.chat.ContextLimit):
+    # the training pool's answers are synth's, a benchmark set's the bench's.
+    "prompts_train": (
+        "prompts.seed",
+        "prompts.max_chars",
+        "prompts.train",
+        "prompts.heldout",
+        "vllm.max_model_len",
+        "synth.max_tokens",
+        "synth.chat_template_kwargs",
+    ),
+    "prompts_bench": (
+        "prompts.seed",
+        "prompts.max_chars",
+        "prompts.bench",
+        "vllm.max_model_len",
+        "bench.max_tokens",
+        "bench.chat_template_kwargs",
+    ),
     # One job per part of the prompts (synth.jobs of them): which prompts a part answers
     # depends on the number of parts; what an answer is does not (synth.stage.JOURNAL_KEYS).
     "synth": (*SYNTH_ANSWER_KEYS, "synth.jobs"),

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..target.chat import render_ids, render_text
+
 # What a failed check most likely means, per cause, in the words a user reads.
 CAUSES = {
     "prompt": (
@@ -86,22 +88,6 @@ def parser_markers(name: str, tokenizer) -> Markers:
 
 
 # ---- rendering -------------------------------------------------------------------------------
-
-
-def render_ids(tokenizer, messages: list[dict], kwargs: dict, **extra) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs, **_drop_none(extra))
-    if hasattr(out, "keys"):  # BatchEncoding in transformers 5
-        out = out["input_ids"]
-    return list(out)
-
-
-def render_text(tokenizer, messages: list[dict], kwargs: dict, **extra) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs, **_drop_none(extra))
-
-
-def _drop_none(extra: dict) -> dict:
-    # chat_template=None means "the tokenizer's own"; not every transformers accepts None
-    return {k: v for k, v in extra.items() if v is not None}
 
 
 def generation_prompt(tokenizer, messages: list[dict], kwargs: dict, chat_template=None) -> str:

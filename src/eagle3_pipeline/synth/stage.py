@@ -41,6 +41,7 @@ from ..runtime.provenance import provenance
 from ..server import Endpoint, ServerError, VllmServer, external_endpoint
 from ..server import client as client_lib
 from ..stats import percentiles
+from ..target.chat import load_tokenizer
 from ..target.stage import chat_template_text, load_info
 from . import check as reasoning
 from .answers import AnswerStore, current, fingerprint, part_of, prompt_key, settled
@@ -447,11 +448,7 @@ def run(
 def check_tools(target: dict, cfg: dict):
     """The tokenizer the check renders with, and the markers of ``synth.reasoning_parser``
     (None without one) from the installed vLLM's parser."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        target["model_path"], trust_remote_code=target.get("trust_remote_code")
-    )
+    tokenizer = load_tokenizer(target)
     if not cfg.get("reasoning_parser"):
         return tokenizer, None
     try:

@@ -1,0 +1,52 @@
+"""The maintained benchmarks (benchmarks/*.py) still load against the package, and every
+result file they write records the revision of the checkout that made it."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3_lab.results import write_result
+from eagle3_pipeline.runtime.files import read_json
+from eagle3_pipeline.runtime.provenance import code_version
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "benchmarks").glob("*.py"))
+
+
+def writes(path: Path) -> list[str]:
+    """The calls in ``path`` that write a file: ``write_result``, and what writes JSON or text
+    otherwise (``write_json``, ``.write_text``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("write_result", "write_json", "write_text"):
+                found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_a_benchmark_loads_and_records_its_revision(path, monkeypatch):
+    name = f"benchmark_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.syspath_prepend(str(path.parent))  # as for a script: its neighbours import
+    spec.loader.exec_module(module)  # definitions only: each runs main() under __main__
+    assert callable(getattr(module, "main", None))
+    # every benchmark writes its result through write_result (other files it writes are
+    # inputs it makes: configs, prompt files, model folders)
+    assert "write_result" in writes(path), f"{path.name} writes no result with its revision"
+
+
+def test_a_result_records_the_revision_and_whether_the_tree_was_dirty(tmp_path):
+    recorded = write_result(tmp_path / "r.json", {"figure": 1.5})
+    assert read_json(tmp_path / "r.json") == recorded
+    assert recorded["figure"] == 1.5 and recorded["code"] == code_version()
+    assert recorded["code"]["git"] and isinstance(recorded["code"]["dirty"], bool)

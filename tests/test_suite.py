@@ -1,0 +1,75 @@
+"""The test suite's own rules: a missing or broken package of the environment (vLLM above all)
+fails the tests that need it instead of skipping them, and CI stops at a wall limit of its own,
+saying so."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def skips_on_imports(path: Path) -> list[str]:
+    """Where ``path`` turns an import that fails into a skip: ``pytest.importorskip``, or a
+    ``pytest.skip`` whose reason says something is not installed."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        reason = " ".join(
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        )
+        if node.func.attr == "importorskip" or (
+            node.func.attr == "skip" and "install" in reason.lower()
+        ):
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_a_missing_package_fails_instead_of_skipping():
+    """The environment the tests run in is the lock's (scripts/setup.sh), vLLM included: a
+    test passing there because its import failed would hide a broken install. So no test skips
+    on an import, locally or in CI."""
+    found = [hit for p in sorted((REPO / "tests").glob("*.py")) for hit in skips_on_imports(p)]
+    assert found == []
+
+
+def test_a_skip_on_an_import_is_found(tmp_path):
+    test = tmp_path / "test_x.py"
+    test.write_text(
+        "import pytest\n"
+        "torch = pytest.importorskip('torch')\n"
+        "def test_a():\n"
+        "    pytest.skip('vLLM is not installed')\n"
+        "def test_b():\n"
+        "    pytest.skip('this interpreter is the lock\\'s')\n"
+    )
+    assert skips_on_imports(test) == ["test_x.py:2", "test_x.py:4"]
+
+
+def test_ci_stops_at_its_wall_limit_and_says_so(tmp_path):
+    """.ci/run in a copy whose setup does nothing and whose pytest hangs: stopped at the limit
+    (CI_WALL_LIMIT), with the exit status of `timeout` and a line saying why; a pytest that
+    fails keeps its own status."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(REPO / ".ci" / "run", tmp_path / ".ci" / "run")
+    for script, body in (("scripts/setup.sh", "exit 0"), (".venv/bin/pytest", "sleep 60")):
+        path = tmp_path / script
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+
+    def ci(limit: str) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "CI_WALL_LIMIT": limit}
+        cmd = ["bash", str(tmp_path / ".ci" / "run")]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+
+    hung = ci("1s")
+    assert hung.returncode == 124
+    assert "ran past the wall limit of 1s and were stopped" in hung.stderr
+    (tmp_path / ".venv" / "bin" / "pytest").write_text("#!/bin/sh\nexit 3\n")
+    failed = ci("10s")
+    assert failed.returncode == 3 and "wall limit" not in failed.stderr
