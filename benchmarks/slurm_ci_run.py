@@ -13,7 +13,6 @@ and what else ran on the machine (load average before and after).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from local_slurm import LocalSlurm
 
-from eagle3_pipeline.runtime.provenance import code_version
+from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime.provenance import package_versions as versions
 
 from conftest import REPO, ci_snakemake
@@ -73,20 +72,17 @@ def main() -> None:
         )
     print(f"workflow wall time {wall:.0f} s, {len(rows)} Slurm jobs")
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "workflow_wall_s": wall,
-                    "jobs": rows,
-                    "cluster_start_s": timings,
-                    "load_before": load_before,
-                    "load_after": os.getloadavg(),
-                    "cpus": os.cpu_count(),
-                    "code": code_version(),
-                    "versions": versions(),
-                },
-                indent=2,
-            )
+        write_result(
+            args.out,
+            {
+                "workflow_wall_s": wall,
+                "jobs": rows,
+                "cluster_start_s": timings,
+                "load_before": load_before,
+                "load_after": os.getloadavg(),
+                "cpus": os.cpu_count(),
+                "versions": versions(),
+            },
         )
 
 

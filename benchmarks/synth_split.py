@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -26,8 +25,8 @@ import time
 from pathlib import Path
 
 from eagle3_lab import rounds as rounds_lib
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
-from eagle3_pipeline.runtime.provenance import code_version
 from eagle3_pipeline.runtime.provenance import package_versions as versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,24 +121,21 @@ def main() -> None:
         f"({ratio['min']:.2f}-{ratio['max']:.2f}); merged outputs: {len(hashes)} distinct"
     )
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "protocol": "alternating rounds, order reversed every round; a fresh "
-                    "directory per run, up to synth_gather",
-                    "jobs": args.jobs,
-                    "synth_s": times,
-                    "spread": spread,
-                    "ratio_split_over_one": ratio,
-                    "merged_outputs_distinct": len(hashes),
-                    "rounds": result["rounds"],
-                    "cpus": os.cpu_count(),
-                    "args": vars(args),
-                    "code": code_version(),
-                    "versions": versions(),
-                },
-                indent=2,
-            )
+        write_result(
+            args.out,
+            {
+                "protocol": "alternating rounds, order reversed every round; a fresh "
+                "directory per run, up to synth_gather",
+                "jobs": args.jobs,
+                "synth_s": times,
+                "spread": spread,
+                "ratio_split_over_one": ratio,
+                "merged_outputs_distinct": len(hashes),
+                "rounds": result["rounds"],
+                "cpus": os.cpu_count(),
+                "args": vars(args),
+                "versions": versions(),
+            },
         )
 
 
