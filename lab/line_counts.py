@@ -3,8 +3,9 @@
     .venv/bin/python lab/line_counts.py 5e363f8 81d9046 \\
         --out lab/results/code_health/line_counts.json
 
-Counts the lines of every ``src/eagle3_pipeline/**/*.py`` file as committed at each revision
-(``git show``), so the figures do not depend on the working tree.
+Counts the lines of every ``src/**/*.py`` file (the pipeline's package and, where there is one,
+the lab's) as committed at each revision (``git show``), so the figures do not depend on the
+working tree.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SRC = "src/eagle3_pipeline"
+SRC = "src"
 
 
 def counts(rev: str) -> dict[str, int]:
