@@ -251,7 +251,9 @@ def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm
     wait_for_journal(tmp_path, 3, proc)
     # The api server runs under the guard, the synth process's child.
     guard = subprocess.run(
-        ["pgrep", "-P", str(proc.pid), "-f", "server_guard"], capture_output=True, text=True
+        ["pgrep", "-P", str(proc.pid), "-f", "eagle3_pipeline.server.guard"],
+        capture_output=True,
+        text=True,
     ).stdout.split()
     assert guard
     api = children(int(guard[0]))
@@ -277,7 +279,9 @@ def test_sigterm_stops_the_managed_server(tmp_path, target_json):
     proc = start_synth(tmp_path, target_json, cfg, prompts)
     wait_for_journal(tmp_path, 1, proc)
     guard = subprocess.run(
-        ["pgrep", "-P", str(proc.pid), "-f", "server_guard"], capture_output=True, text=True
+        ["pgrep", "-P", str(proc.pid), "-f", "eagle3_pipeline.server.guard"],
+        capture_output=True,
+        text=True,
     ).stdout.split()
     assert guard
     tree = [int(guard[0]), *children(int(guard[0]))]
@@ -315,7 +319,7 @@ def test_guard_takes_the_server_tree_down_with_a_killed_job(tmp_path):
     shell and its background child) must still die, or they keep the GPUs."""
     script = (
         "import subprocess, sys, time\n"
-        "from eagle3_pipeline import server_guard\n"
+        "from eagle3_pipeline.server import guard as server_guard\n"
         "p = subprocess.Popen(server_guard.command(['sh', '-c', 'sleep 300 & sleep 301'], 1),"
         " start_new_session=True)\n"
         "print(p.pid, flush=True)\n"

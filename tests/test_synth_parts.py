@@ -69,9 +69,12 @@ def test_the_store_reads_every_part_and_the_single_journal_of_its_fingerprint(tm
     j = other.journal(0, 1)
     j.append(entry(ps[0]))
     j.close()
-    # once the merged output of fingerprint b is written, a's answers go
+    # once the merged output of fingerprint b is written, a's answers go; what is not a
+    # store's (a one-process run's part manifests) stays
+    write_json(tmp_path / "parts" / "part_0.json", {"part": 0})
     other.discard_others()
     assert not store.dir.exists() and not (tmp_path / "journal.jsonl").exists()
+    assert (tmp_path / "parts" / "part_0.json").exists()
     assert len(other.read()) == 1
 
 
@@ -215,8 +218,6 @@ def test_parts_give_one_jobs_output_and_a_new_number_asks_nothing(
 
 @pytest.mark.server
 def test_a_failed_part_costs_only_its_own_prompts(tmp_path, target_json, vllm_server):
-    from eagle3_pipeline.server import ServerError
-
     prompts = write_prompts(tmp_path / "p.jsonl.zst", 10)
     good = parts_cfg(vllm_server.base_url, 2)
     work = tmp_path / ".partial"
@@ -226,7 +227,7 @@ def test_a_failed_part_costs_only_its_own_prompts(tmp_path, target_json, vllm_se
         return synth.run_part(target_json, prompts, part[k], k, 2, cfg["synth"], cfg["vllm"], work)
 
     first = run_part(0, good)
-    with pytest.raises(ServerError):  # its endpoint is down
+    with pytest.raises(synth.SynthError, match="answers of part 1 are kept"):  # endpoint down
         run_part(1, parts_cfg("http://127.0.0.1:9/v1", 2))
     assert part[0].exists() and not part[1].exists()
     again = run_part(1, good)
@@ -260,7 +261,7 @@ def test_requests_spread_over_several_servers(tmp_path, vllm_server, monkeypatch
     real_answer = synth.answer
 
     async def counting(client, endpoint, prompt, cfg):
-        used[endpoints.index(endpoint)] += 1
+        used[next(i for i, e in enumerate(endpoints) if e is endpoint)] += 1
         return await real_answer(client, endpoint, prompt, cfg)
 
     monkeypatch.setattr(synth, "answer", counting)

@@ -97,7 +97,9 @@ def test_tensor_parallel_extraction_equals_tp1(tmp_path, target_json, dataset): 
 
 
 def test_two_process_training(tmp_path, monkeypatch, target_json, fixture_data, resumed_run):
-    monkeypatch.setattr(stage, "launch_command", lambda job, gpus: launcher.launch_command(job, 2))
+    monkeypatch.setattr(
+        stage, "launch_command", lambda job, gpus, nodes=1: launcher.launch_command(job, 2, nodes)
+    )
     m = stage.run(**run_kwargs(tmp_path, target_json, fixture_data))
     start = next(r for r in _records(tmp_path / "train_work") if r["kind"] == "start")
     assert start["world_size"] == 2

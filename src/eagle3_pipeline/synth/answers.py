@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,8 @@ ANSWER_FORMAT = 1
 # failure; among equals, the later one (journals in a fixed order, lines in file order).
 STATUS_RANK = {"ok": 2, "rejected": 1, "failed": 0}
 LEGACY_JOURNAL = "journal.jsonl"
+# A fingerprint directory's name (the store owns these and nothing else in its work dir)
+FINGERPRINT_DIR = re.compile(r"[0-9a-f]{16}")
 
 
 def fingerprint(target: dict, cfg: dict, vllm_cfg: dict) -> str:
@@ -139,14 +142,15 @@ class AnswerStore:
 
     def discard_others(self) -> None:
         """Remove the journals of other fingerprints (another target or other generation
-        settings): called once the merged output of this one is written."""
+        settings): called once the merged output of this one is written. Other files in the
+        work dir (a one-process run's part manifests) are not the store's and stay."""
         if not self.work_dir.is_dir():
             return
         legacy = self._legacy_is_current()
         for path in self.work_dir.iterdir():
             if path == self.dir:
                 continue
-            if path.is_dir():
+            if path.is_dir() and FINGERPRINT_DIR.fullmatch(path.name):
                 log.info("synth: discarding answers of other settings in %s", path)
                 shutil.rmtree(path)
             elif not legacy and path.name in (LEGACY_JOURNAL, "runs.jsonl", "fingerprint.json"):
