@@ -41,7 +41,7 @@ rule bench:
         target=out("target/target.json"),
         drafter=out("drafter/{method}/config.json"),
         weights=out("drafter/{method}/model.safetensors"),
-        manifest=out("hidden_states/manifest.json"),
+        **stored_hidden_states(),
         train_metrics=out("drafter/{method}/metrics.json"),
         baseline=separate_baseline(),
         prompts=expand(out("prompts/bench_{name}.jsonl"), name=bench_sets()),

@@ -8,7 +8,7 @@ rule report:
         prepare=out("prepare/stats.json"),
         vocab=out("vocab/coverage.json"),
         vocab_plot=out("vocab/coverage.png"),
-        manifest=out("hidden_states/manifest.json"),
+        **stored_hidden_states(),
         train=expand(out("drafter/{method}/metrics.json"), method=drafter_methods()),
         train_plot=expand(out("drafter/{method}/loss.png"), method=drafter_methods()),
         bench=expand(out("bench/{method}/metrics.json"), method=drafter_methods()),

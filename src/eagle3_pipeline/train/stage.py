@@ -3,6 +3,7 @@ speculators' trainer, export the best checkpoint, write metrics, plot and consis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -10,17 +11,29 @@ from pathlib import Path
 from typing import Any
 
 from .. import methods
+from ..extract import online
+from ..extract.capture import ExtractError, capture_fingerprint
+from ..extract.stage import enforce as enforce_extraction
+from ..hidden_states.layers import resolve_layers
 from ..methods import consistency, layer_ids_of
+from ..plan import bytes_under, check_disk, sample_bytes
 from ..runtime.files import AppendLog, read_json, write_json
+from ..runtime.gpus import visible_devices
 from ..runtime.provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
 from .errors import TrainError
 from .export import export_checkpoint
-from .fingerprint import fingerprint, prepare_work_dir
+from .fingerprint import ONLINE_DIR, fingerprint, prepare_work_dir
 from .launcher import child_env, launch, launch_command, multi_node_command
 from .metrics import METRICS_FORMAT, RECORDS, read_records, summarize
 from .plot import plot
-from .trainer_config import draft_vocab_size_of, resolve_auto, trainer_args
+from .trainer_config import (
+    ONLINE_BACKEND,
+    SHARDS_BACKEND,
+    draft_vocab_size_of,
+    resolve_auto,
+    trainer_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +52,7 @@ def require_torch_format(dataset_dir: Path) -> None:
 def run(
     target_json: str,
     dataset_dir: str,
-    manifest_path: str,
+    manifest_path: str | None,
     d2t: str,
     t2d: str,
     drafter_dir: str,
@@ -48,20 +61,34 @@ def run(
     cfg: dict[str, Any],
     work_dir: str,
     log_path: str | None = None,
+    online: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) and export the drafter of ``cfg["method"]`` (the default method when
     absent); returns
     the metrics written. ``cfg`` is that method's train config
-    (:func:`eagle3_pipeline.methods.method_train_config`) with the operational keys."""
+    (:func:`eagle3_pipeline.methods.method_train_config`) with the operational keys.
+
+    ``online`` (extract.mode online or hybrid; ``manifest_path`` is then None): the job's own
+    extraction, ``{"extract": section, "vllm": section, "synth_temperature": float,
+    "allow_low_disk": bool}``: the training process asks extraction servers for each sample
+    (:mod:`eagle3_pipeline.extract.online`)."""
     t0 = time.time()
     method = methods.of(cfg).name
     target_info = read_json(target_json)
     verifier = str(Path(target_info["model_path"]).resolve())
-    manifest_path = Path(manifest_path).resolve()
-    manifest = read_json(manifest_path)
-    hs_root = Path(manifest.get("root") or manifest_path.parent).resolve()
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if online is None:
+        manifest_path = Path(manifest_path).resolve()
+        manifest = read_json(manifest_path)
+        hs_root = Path(manifest.get("root") or manifest_path.parent).resolve()
+        backend = SHARDS_BACKEND
+    else:
+        manifest = online_manifest(
+            target_info, online["extract"], online["vllm"], layer_ids_of(cfg), dataset_dir
+        )
+        hs_root = work / ONLINE_DIR
+        backend = ONLINE_BACKEND
     gpus = int(cfg.get("gpus", 0))
     nodes = int(cfg.get("nodes", 1))
     target_window = consistency.target_model_window(verifier)
@@ -92,6 +119,7 @@ def run(
         draft_vocab_size=k,
         save_path=str(save_path),
         log_dir=str(work / "logs"),
+        backend=backend,
     )
     fp = fingerprint(
         train_config=train_config,
@@ -147,8 +175,24 @@ def run(
             cmd = multi_node_command(job_path, gpus, nodes)
         else:
             cmd = launch_command(job_path, gpus)
-        log.info("launching attempt %d: %s", attempt, " ".join(cmd))
-        rc = launch(cmd, child_env(gpus), log_path)
+        with contextlib.ExitStack() as servers:
+            devices = None
+            if online is not None:
+                devices = start_online(
+                    servers,
+                    online,
+                    manifest,
+                    target_info,
+                    dataset_dir,
+                    hs_root,
+                    fp,
+                    attempt,
+                    train_config,
+                    gpus * nodes,
+                    log_path,
+                )
+            log.info("launching attempt %d: %s", attempt, " ".join(cmd))
+            rc = launch(cmd, child_env(gpus, devices), log_path)
         val_epochs = {int(r["epoch"]) for r in read_records(records_path) if r["kind"] == "val"}
         if rc != 0 or not training_finished(save_path, int(train_config["epochs"]), val_epochs):
             # speculators returns normally after saving its SIGTERM ("interrupted") checkpoint
@@ -162,6 +206,8 @@ def run(
                 f"{save_path} are kept and a re-run resumes from them"
             )
 
+    if online is not None:
+        manifest["verification"] = online_verification(hs_root, online)
     records = read_records(records_path)
     this_run = {
         "reused": reused,
@@ -202,6 +248,9 @@ def run(
             "launch": launch_command(work / "job.json", gpus, nodes),
         },
         "fingerprint": fp["hash"],
+        # what the drafter was trained on: the extraction's manifest, or online the job's own
+        # extraction and its checks (the bench stage checks the drafter against it)
+        "hidden_states": _hidden_states_record(manifest),
         "this_run": this_run,
         "wall_s": time.time() - t0,
         "provenance": provenance(
@@ -209,7 +258,7 @@ def run(
             {
                 "target": target_json,
                 "dataset": dataset_dir,
-                "manifest": manifest_path,
+                **({"manifest": manifest_path} if manifest_path else {}),
                 "d2t": d2t,
                 "t2d": t2d,
             },
@@ -232,6 +281,142 @@ def run(
         _fmt(metrics["throughput"]["tokens_per_s"]),
     )
     return metrics
+
+
+def online_manifest(
+    target: dict, extract_cfg: dict, vllm_cfg: dict, own_layers: list[int] | None, dataset_dir
+) -> dict[str, Any]:
+    """What a manifest says about the hidden states (layers, size, storage, count), for the
+    extraction this train job does itself: the layers its method trains on (its own, else
+    extract.layer_ids) and the final one, and the capture fingerprint that identifies what a
+    sample holds (the training fingerprint's key, in place of the stored samples' hash)."""
+    from datasets import load_from_disk
+
+    arch = target["architecture"]
+    aux, captured, final = resolve_layers(
+        {"layer_ids": own_layers or extract_cfg["layer_ids"]}, arch
+    )
+    layer_ids = [*captured, final]
+    return {
+        "format": online.MANIFEST_FORMAT,
+        "mode": extract_cfg["mode"],
+        "capture": capture_fingerprint(target, layer_ids, extract_cfg, vllm_cfg),
+        "num_samples": len(load_from_disk(str(dataset_dir))),
+        "samples_sha256": None,
+        "layer_ids": layer_ids,
+        "aux_layer_ids": aux,
+        "final_layer_id": final,
+        "hidden_size": arch["hidden_size"],
+        "storage": extract_cfg["storage"],
+    }
+
+
+def start_online(
+    stack: contextlib.ExitStack,
+    cfg: dict[str, Any],
+    manifest: dict[str, Any],
+    target: dict[str, Any],
+    dataset_dir: str,
+    root: Path,
+    fp: dict[str, Any],
+    attempt: int,
+    train_config: dict[str, Any],
+    processes: int,
+    log_path: str | None,
+) -> list[str] | None:
+    """Before a launch in online/hybrid mode: the hybrid cache reset to what it may keep, the
+    disk checked, the extraction servers up (in ``stack``), the spec the training process
+    reads written. Returns the trainer's GPUs (None on the CPU)."""
+    from datasets import load_from_disk
+
+    x, v = cfg["extract"], cfg["vllm"]
+    seq_lens = load_from_disk(str(dataset_dir)).with_format(None)["seq_len"]
+    layer_ids, hidden = manifest["layer_ids"], manifest["hidden_size"]
+    budget = x["hybrid_disk_gib"] if x["mode"] == "hybrid" else 0
+    kept = online.kept_rows(seq_lens, len(layer_ids), hidden, x["storage"], budget)
+    cache = root / "kept"
+    key = online.capture_key(manifest["capture"], fp["parts"]["dataset"])
+    online.reset_cache(cache, key, kept, x["samples_per_shard"])
+    one = [sample_bytes(n, len(layer_ids), hidden, x["storage"]) for n in seq_lens]
+    # each training process and each of its DataLoader workers has one request in flight
+    in_flight = processes_in_flight(train_config, processes) * max(one, default=0)
+    to_keep = sum(one[:kept]) - bytes_under(cache / "shards")
+    check_disk(root, max(to_keep, 0) + in_flight, x["disk_margin"], allow=cfg["allow_low_disk"])
+    log.info(
+        "hidden states %s: %d of %d rows kept on disk (%.2f GiB), the others generated every "
+        "epoch and deleted once loaded",
+        x["mode"],
+        kept,
+        len(seq_lens),
+        sum(one[:kept]) / 2**30,
+    )
+    devices = visible_devices() if v["device"] == "cuda" else []
+    endpoints = stack.enter_context(
+        online.extraction_endpoints(x, v, target, layer_ids, root / "staging", log_path, devices)
+    )
+    online.write_spec(
+        root / online.SPEC_FILE,
+        endpoints=endpoints,
+        model_path=target["model_path"],
+        arch=target["architecture"],
+        dataset_dir=str(Path(dataset_dir).resolve()),
+        num_samples=len(seq_lens),
+        layer_ids=layer_ids,
+        kept=kept,
+        cache=cache,
+        samples_per_shard=x["samples_per_shard"],
+        ledger=root / "served",
+        attempt=attempt,
+        extract_cfg=x,
+        enforce=cfg["synth_temperature"] == 0,
+    )
+    if v["device"] != "cuda" or x["endpoints"]:
+        return None
+    return online.trainer_devices(devices, x["servers"], v["tensor_parallel_size"])
+
+
+def processes_in_flight(train_config: dict[str, Any], processes: int) -> int:
+    """Requests online training keeps in flight: one per DataLoader worker (or per process
+    without workers) of every training process."""
+    return max(1, processes) * max(1, int(train_config.get("num_workers") or 0))
+
+
+def online_verification(root: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The checks of every sample online training was fed, over all attempts, against the
+    extraction's thresholds (the agreement as the extract job enforces it)."""
+    summary = online.served_summary(root / "served")
+    verification = {
+        **summary,
+        "next_token_positions_per_sample": cfg["extract"]["agreement_positions_per_sample"],
+        "min_next_token_agreement": cfg["extract"]["min_next_token_agreement"],
+        "synth_temperature": cfg["synth_temperature"],
+        "reference": None,
+        "kept_bytes": bytes_under(root / "kept" / "shards"),
+    }
+    try:
+        enforce_extraction(verification, cfg["extract"])
+    except ExtractError as e:
+        raise TrainError(str(e)) from e
+    return verification
+
+
+def _hidden_states_record(manifest: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "format",
+        "mode",
+        "capture",
+        "num_samples",
+        "samples_sha256",
+        "layer_ids",
+        "aux_layer_ids",
+        "final_layer_id",
+        "hidden_size",
+        "storage",
+        "tokens",
+        "bytes",
+        "verification",
+    )
+    return {k: manifest[k] for k in keys if k in manifest}
 
 
 def _short(v: Any) -> str:
