@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..hidden_states.layers import resolve_layers
 from ..plan import sample_bytes
 from ..runtime.files import AppendLog, read_json, stable_hash, write_json
 from .capture import server_spec
@@ -25,6 +26,29 @@ SPEC_FILE = "online.json"  # in the hidden-states path the backend is given
 SPEC_FORMAT = "eagle3-pipeline/online-hidden-states@1"
 # What the train job's own record of its hidden states says instead of a manifest's format
 MANIFEST_FORMAT = "eagle3-pipeline/online-manifest@1"
+
+
+def served_layers(target: dict, extract_cfg: dict, own_layers: list[int] | None) -> dict:
+    """The layers one train job's extraction captures: those its method trains on (its own,
+    else extract.layer_ids or the target's default) and the final one. Only its own: where
+    the extract stage captures every method's layers once, each train job here asks for what
+    it reads. An extraction server of extract.endpoints must capture exactly these."""
+    aux, captured, final = resolve_layers(
+        {"layer_ids": own_layers or extract_cfg["layer_ids"]}, target["architecture"]
+    )
+    return {"aux_layer_ids": aux, "layer_ids": [*captured, final], "final_layer_id": final}
+
+
+def endpoint_spec(config: dict, target: dict, drafter: str, staging: str | Path):
+    """The server an ``extract.endpoints`` entry must be: the target with the pipeline's
+    connector, capturing the layers the train job of ``drafter`` reads
+    (:func:`served_layers`), writing its samples under ``staging``."""
+    from ..config import drafter_train_config
+    from ..methods import layer_ids_of
+
+    own = layer_ids_of(drafter_train_config(config, drafter))
+    layers = served_layers(target, config["extract"], own)["layer_ids"]
+    return server_spec(config["vllm"], target, layers, Path(staging), config["extract"])
 
 
 def kept_rows(

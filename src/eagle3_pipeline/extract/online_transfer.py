@@ -31,6 +31,7 @@ event loop, HTTP clients, probe and dataset lazily in the process that uses them
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import time
@@ -94,10 +95,19 @@ class OnlineTransfer(HiddenStatesTransfer):
         device = "cpu" if s["verify_device"] == "auto" else s["verify_device"]
         ledger = AppendLog(Path(s["ledger"]) / f"{s['attempt']}-{os.getpid()}.jsonl")
         ledger.open()
+        clients_of_loop = loop.run_until_complete(clients())
+
+        def close() -> None:  # at the process's exit: the HTTP sessions, then the loop
+            for c in clients_of_loop:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(c.close())
+            loop.close()
+
+        atexit.register(close)
         self._state = {
             "pid": os.getpid(),
             "loop": loop,
-            "clients": loop.run_until_complete(clients()),
+            "clients": clients_of_loop,
             "probe": NextTokenProbe(s["model_path"], s["arch"], device),
             "rows": load_from_disk(s["dataset_dir"]).with_format(None),
             "ledger": ledger,
@@ -113,6 +123,7 @@ class OnlineTransfer(HiddenStatesTransfer):
     def get_cached(self, file_idx: int) -> dict[str, Any] | None:
         from safetensors.torch import load_file
 
+        file_idx = int(file_idx)  # the sampler's numpy integer
         if not 0 <= file_idx < self.spec["num_samples"]:
             return None
         if file_idx < self.spec["kept_rows"]:
@@ -136,15 +147,23 @@ class OnlineTransfer(HiddenStatesTransfer):
         k = index % len(s["endpoints"])
         endpoint = s["endpoints"][k]
         t0 = time.perf_counter()
-        staged = st["loop"].run_until_complete(
-            request_hidden_states(
-                st["clients"][k],
-                endpoint["model"],
-                row["input_ids"],
-                timeout=s["request_timeout_s"],
-                max_retries=s["retries"],
+        try:
+            staged = st["loop"].run_until_complete(
+                request_hidden_states(
+                    st["clients"][k],
+                    endpoint["model"],
+                    row["input_ids"],
+                    timeout=s["request_timeout_s"],
+                    max_retries=s["retries"],
+                )
             )
-        )
+        except Exception as e:  # after request_hidden_states' own retries (extract.retries)
+            raise OnlineError(
+                f"sample {index}: the extraction server at {endpoint['base_url']} returned no "
+                f"hidden states ({type(e).__name__}: {e}). It must serve the target with the "
+                "pipeline's connector (extract.endpoints: scripts/extraction_server.py); a "
+                "server the train job started died (its log is the train job's)."
+            ) from e
         try:
             sample = check_staged(
                 staged,

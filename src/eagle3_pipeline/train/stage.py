@@ -14,7 +14,6 @@ from .. import methods
 from ..extract import online
 from ..extract.capture import ExtractError, capture_fingerprint
 from ..extract.stage import enforce as enforce_extraction
-from ..hidden_states.layers import resolve_layers
 from ..methods import consistency, layer_ids_of
 from ..plan import bytes_under, check_disk, sample_bytes
 from ..runtime.files import AppendLog, read_json, write_json
@@ -292,21 +291,15 @@ def online_manifest(
     sample holds (the training fingerprint's key, in place of the stored samples' hash)."""
     from datasets import load_from_disk
 
-    arch = target["architecture"]
-    aux, captured, final = resolve_layers(
-        {"layer_ids": own_layers or extract_cfg["layer_ids"]}, arch
-    )
-    layer_ids = [*captured, final]
+    layers = online.served_layers(target, extract_cfg, own_layers)
     return {
         "format": online.MANIFEST_FORMAT,
         "mode": extract_cfg["mode"],
-        "capture": capture_fingerprint(target, layer_ids, extract_cfg, vllm_cfg),
+        "capture": capture_fingerprint(target, layers["layer_ids"], extract_cfg, vllm_cfg),
         "num_samples": len(load_from_disk(str(dataset_dir))),
         "samples_sha256": None,
-        "layer_ids": layer_ids,
-        "aux_layer_ids": aux,
-        "final_layer_id": final,
-        "hidden_size": arch["hidden_size"],
+        **layers,
+        "hidden_size": target["architecture"]["hidden_size"],
         "storage": extract_cfg["storage"],
     }
 
