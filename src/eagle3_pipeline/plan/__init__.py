@@ -68,17 +68,23 @@ def free_bytes(path: Path) -> tuple[int, Path]:
     return shutil.disk_usage(p).free, p
 
 
-def disk_problem(needed: int, free: int, margin: float, where: Path) -> str | None:
-    """What to do when ``needed`` bytes (times ``margin``) do not fit ``free``; else None."""
+def disk_problem(
+    needed: int, free: int, margin: float, where: Path, remedy: str | None = None
+) -> str | None:
+    """What to do when ``needed`` bytes (times ``margin``) do not fit ``free``; else None.
+    ``remedy``: what to lower instead of the stored mode's levers."""
     if needed * margin <= free:
         return None
     short = needed * margin - free
+    remedy = remedy or (
+        "use extract.storage: fp8 (half the size, at about the same extraction rate), lower "
+        "prepare.seq_length / the number of prompts, or use extract.mode: online or hybrid "
+        "(docs/train.md: no stored hidden states)"
+    )
     return (
         f"hidden states need about {needed / GIB:.1f} GiB (x{margin} margin = "
         f"{needed * margin / GIB:.1f} GiB) but {where} has {free / GIB:.1f} GiB free. "
-        f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, use extract.storage: "
-        "fp8 (half the size, at about the same extraction rate), or lower prepare.seq_length / "
-        "the number of prompts; or set "
+        f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, {remedy}; or set "
         f"{ALLOW_KEY}: [disk] to proceed anyway."
     )
 
@@ -319,7 +325,11 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
         high_water = plan["modes"][x["mode"]]["disk_bytes"]
         if high_water is not None and by_storage:
             plan["disk"]["hidden_state_bytes"] = high_water
-            problem = disk_problem(max(high_water - stored, 0), free, x["disk_margin"], on)
+            remedy = (
+                "lower extract.hybrid_disk_gib (hybrid keeps that much per train job) or "
+                "train.num_workers (a sample on the disk per request in flight)"
+            )
+            problem = disk_problem(max(high_water - stored, 0), free, x["disk_margin"], on, remedy)
             if problem:
                 problems.append({"check": "disk", "message": problem})
     plan["stages"] = stages

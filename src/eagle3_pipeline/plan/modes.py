@@ -23,14 +23,25 @@ from typing import Any
 MODES = ("stored", "online", "hybrid")
 
 
+# train.num_workers auto on GPUs: min(12, cores per GPU - 2) on the node that trains, which the
+# plan does not know: the most it can be, so the disk figure is an upper bound
+AUTO_WORKERS_ON_GPUS = 12
+
+
+def loader_workers(cfg: dict) -> int:
+    """DataLoader workers per training process: train.num_workers, auto as the most it gives
+    (0 on the CPU, :data:`AUTO_WORKERS_ON_GPUS` on GPUs)."""
+    train = cfg["train"]
+    if train["num_workers"] != "auto":
+        return int(train["num_workers"])
+    return AUTO_WORKERS_ON_GPUS if train["gpus"] > 0 else 0
+
+
 def requests_in_flight(cfg: dict) -> int:
     """Samples a train job has asked for and not yet loaded: one per DataLoader worker (one
     per process without workers) of each of its training processes."""
-    from ..train.trainer_config import resolve_auto
-
     train = cfg["train"]
-    processes = max(train["gpus"], 1) * train["nodes"]
-    return processes * max(1, int(resolve_auto(train)["num_workers"]))
+    return max(train["gpus"], 1) * train["nodes"] * max(1, loader_workers(cfg))
 
 
 def server_gpus_of(cfg: dict) -> int:
@@ -58,8 +69,6 @@ def mode_estimates(
     ``extract_estimate``/``train_estimate`` are the stored mode's stage estimates (extract:
     extract.jobs jobs over the rows once; train: the rows' epochs), ``load_s`` one model
     load, ``tokens`` the rows' tokens."""
-    from ..train.trainer_config import resolve_auto
-
     x, train = cfg["extract"], cfg["train"]
     jobs = len(train["methods"])
     epochs = train["epochs"]
@@ -69,7 +78,9 @@ def mode_estimates(
     budget = None if x["hybrid_disk_gib"] is None else int(x["hybrid_disk_gib"] * 2**30)
     kept = stored_bytes if budget is None or stored_bytes is None else min(budget, stored_bytes)
     kept_fraction = 1.0 if not stored_bytes else (kept or 0) / stored_bytes
-    overlapped = int(resolve_auto(train)["num_workers"]) > 0
+    overlapped = loader_workers(cfg) > 0
+    # a train job over several nodes reaches only servers named in extract.endpoints
+    needs_endpoints = train["nodes"] > 1 and not x["endpoints"]
     out: dict[str, dict[str, Any]] = {}
 
     def timing(extract_s: float | None, how: str) -> dict[str, Any]:
@@ -105,6 +116,7 @@ def mode_estimates(
                 f"{passes:.2f} extraction passes over the rows on {servers} server(s) "
                 + ("beside" if overlapped else "then")
                 + " training"
+                + ("; train.nodes > 1 needs extract.endpoints" if needs_endpoints else "")
             ),
         }
     return out
