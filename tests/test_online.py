@@ -230,6 +230,15 @@ def expected_order(data) -> list[int]:
     return order
 
 
+def trained_rows(data, state: dict) -> int:
+    """How many rows training had asked for when it saved checkpoint ``state``: every row of
+    the epochs before it (training and validation), then its epoch's first local_step
+    batches."""
+    lengths, split = lengths_and_split(data)
+    epoch = batches(lengths[:split], state["epoch"], TRAIN["seed"])
+    return state["epoch"] * len(lengths) + sum(map(len, epoch[: state["local_step"]]))
+
+
 def test_kill9_mid_epoch_resumes_without_a_sample_twice_or_skipped(
     tmp_path, target_json, data, stored
 ):
@@ -263,6 +272,10 @@ def test_kill9_mid_epoch_resumes_without_a_sample_twice_or_skipped(
                         killed = state
                 time.sleep(0.05)
             assert killed, (tmp_path / "outer.log").read_text()[-3000:]
+            # and once it has asked for a row past that checkpoint, so that the kill loses one
+            past = trained_rows(data, killed) + 1
+            while len(online.read_ledger(work / "online/served")) < past and outer.poll() is None:
+                time.sleep(0.02)
             start = [r for r in _records(work) if r["kind"] == "start"][-1]
             os.kill(start["pid"], signal.SIGKILL)
             assert outer.wait(timeout=120) != 0
@@ -277,16 +290,13 @@ def test_kill9_mid_epoch_resumes_without_a_sample_twice_or_skipped(
     ledger = online.read_ledger(work / "online/served")
     first = [r["index"] for r in ledger if r["attempt"] == 1]
     second = [r["index"] for r in ledger if r["attempt"] == 2]
-    # what the checkpoint had trained: every row of the epochs before it (training and
-    # validation), then the first local_step batches of its epoch
-    lengths, split = lengths_and_split(data)
-    resumed_epoch = batches(lengths[:split], resume["epoch"], TRAIN["seed"])
-    done = resume["epoch"] * len(lengths) + sum(map(len, resumed_epoch[: resume["local_step"]]))
+    done = trained_rows(data, resume)
     assert len(first) > done  # the killed attempt had produced samples past its checkpoint
     # each row of each epoch once, in the sampler's order
     assert first[:done] + second == expected_order(data)
     steps = sorted({r["global_step"] for r in _records(work) if r["kind"] == "train"})
-    assert steps == list(range(TRAIN["epochs"] * len(resumed_epoch)))
+    lengths, split = lengths_and_split(data)
+    assert steps == list(range(TRAIN["epochs"] * len(batches(lengths[:split], 0, TRAIN["seed"]))))
     assert m["hidden_states"]["verification"]["next_token_agreement"] >= 0.99
     assert not list((work / "online").rglob("staging/**/*.safetensors*"))
 
