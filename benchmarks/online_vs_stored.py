@@ -40,19 +40,26 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
 class DiskPeak:
-    """The most bytes of hidden-state sample files (``*.safetensors*`` under the run's
-    ``hidden_states/`` and ``train_work/``) seen at once, polled every ``interval`` s."""
+    """The most bytes of hidden-state sample files seen at once, polled every ``interval`` s:
+    every file under the run's ``hidden_states/`` (shards, the extract jobs' staging) and under
+    each train job's ``train_work/<method>/online/`` (its servers' staging, hybrid's cache);
+    not the training checkpoints. Also the machine's load while it polls (other work on the
+    machine slows the run)."""
 
     def __init__(self, run: Path, interval: float = 0.2):
         self.run, self.interval = run, interval
         self.peak = self.samples = 0
+        self.loads: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
+    def roots(self) -> list[Path]:
+        return [self.run / "hidden_states", *self.run.glob("train_work/*/online")]
+
     def now(self) -> int:
         total = 0
-        for top in ("hidden_states", "train_work"):
-            for dirpath, _, files in os.walk(self.run / top):
+        for root in self.roots():
+            for dirpath, _, files in os.walk(root):
                 for f in files:
                     if ".safetensors" in f:
                         with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
@@ -63,6 +70,8 @@ class DiskPeak:
         while not self._stop.is_set():
             self.peak = max(self.peak, self.now())
             self.samples += 1
+            if self.samples % 25 == 1:
+                self.loads.append(os.getloadavg()[0])
             self._stop.wait(self.interval)
 
     def __enter__(self) -> DiskPeak:
@@ -153,6 +162,7 @@ def main() -> None:
             "bench_s": round(job_seconds(run, f"bench_{method}"), 1),
             "disk_high_water_bytes": disk.peak,
             "disk_polls": disk.samples,
+            "loadavg_1m_mean": round(sum(disk.loads) / max(1, len(disk.loads)), 2),
             **outcome(run, method),
         }
         result[mode]["extract_plus_train_s"] = round(
