@@ -136,3 +136,64 @@ def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypa
     assert "extract.hybrid_disk_gib" in problem["message"]
     cfg = default_config(extract={"mode": "online"})
     assert not [p for p in planlib.make_plan(cfg, tmp_path)["problems"] if p["check"] == "disk"]
+
+
+def test_the_extraction_server_script_serves_what_the_train_job_reads(tmp_path, target_json):
+    """scripts/extraction_server.py --print: the run's target with the pipeline's connector,
+    the layers its drafter trains on, writing under --staging, listening beyond this host."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    from conftest import REPO
+
+    run = tmp_path / "results" / "default"
+    (run / "target").mkdir(parents=True)
+    shutil.copy(target_json, run / "target" / "target.json")
+    config = tmp_path / "my.yaml"
+    config.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results")}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/extraction_server.py"),
+            "--configfile",
+            str(REPO / "config/config.yaml"),
+            str(config),
+            "--staging",
+            str(tmp_path / "staging"),
+            "--port",
+            "8123",
+            "--print",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    args = out.split()
+    assert args[args.index("--host") + 1] == "0.0.0.0" and args[args.index("--port") + 1] == "8123"
+    spec = json.loads(out[out.index("--speculative-config") :].split("'")[1])
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        2,
+        15,
+        27,
+        30,
+    ]
+    kv = json.loads(out[out.index("--kv-transfer-config") :].split("'")[1])
+    assert kv["kv_connector"] == "PipelineHiddenStatesConnector"
+    assert kv["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "staging")
+    assert not (tmp_path / "staging").exists()  # --print starts nothing
+    elsewhere = tmp_path / "elsewhere"  # no results/ here: the target stage has not run
+    elsewhere.mkdir()
+    missing = subprocess.run(
+        [sys.executable, str(REPO / "scripts/extraction_server.py"), "--staging", "s", "--print"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and "run the target stage first" in missing.stderr
