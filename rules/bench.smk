@@ -38,10 +38,10 @@ rule bench:
     every core, so that Snakemake runs nothing beside a speed measurement.
     """
     input:
+        **stored_hidden_states(),
         target=out("target/target.json"),
         drafter=out("drafter/{method}/config.json"),
         weights=out("drafter/{method}/model.safetensors"),
-        manifest=out("hidden_states/manifest.json"),
         train_metrics=out("drafter/{method}/metrics.json"),
         baseline=separate_baseline(),
         prompts=expand(out("prompts/bench_{name}.jsonl"), name=bench_sets()),

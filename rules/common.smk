@@ -157,6 +157,15 @@ def extract_parts():
     return list(range(config["extract"]["jobs"]))
 
 
+def stored_hidden_states():
+    """The extraction's manifest as an input (train, bench, report), with extract.mode stored;
+    online or hybrid the train jobs extract themselves and there is none (nor any extract
+    job)."""
+    if cfglib.extracts_in_train(config):
+        return {}
+    return {"manifest": out("hidden_states/manifest.json")}
+
+
 def drafter_methods():
     """The drafters (methods and variants) trained and benchmarked side by side
     (train.methods)."""

@@ -1,6 +1,7 @@
 rule report:
     """One HTML/Markdown report of the whole run: every stage's figures, plots and provenance."""
     input:
+        **stored_hidden_states(),
         target=out("target/target.json"),
         prompts=out("prompts/train.stats.json"),
         bench_prompts=expand(out("prompts/bench_{name}.stats.json"), name=bench_sets()),
@@ -8,7 +9,6 @@ rule report:
         prepare=out("prepare/stats.json"),
         vocab=out("vocab/coverage.json"),
         vocab_plot=out("vocab/coverage.png"),
-        manifest=out("hidden_states/manifest.json"),
         train=expand(out("drafter/{method}/metrics.json"), method=drafter_methods()),
         train_plot=expand(out("drafter/{method}/loss.png"), method=drafter_methods()),
         bench=expand(out("bench/{method}/metrics.json"), method=drafter_methods()),

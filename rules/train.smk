@@ -2,11 +2,13 @@ rule train:
     """Train one method's drafter with speculators and export a checkpoint vLLM loads as-is.
 
     One job per method of train.methods, all from the same prepared rows, vocab map and hidden
-    states; each job's params carry only the keys its method reads."""
+    states; each job's params carry only the keys its method reads. With extract.mode online
+    or hybrid the job extracts its hidden states itself (its own extraction servers beside the
+    trainer, counted in its GPUs), and its params carry extraction's result keys."""
     input:
+        **stored_hidden_states(),
         target=out("target/target.json"),
         dataset=out("prepare/dataset"),
-        manifest=out("hidden_states/manifest.json"),
         d2t=out("vocab/d2t.npy"),
         t2d=out("vocab/t2d.npy"),
     output:

@@ -502,6 +502,9 @@ OPERATIONAL_CHANGES = {
         "max_reference_rel_error": 0.1,
         "disk_margin": 2.0,
         "server_args": ["--max-num-seqs", "4"],
+        "hybrid_disk_gib": 1,
+        "servers": 2,
+        "endpoints": ["http://127.0.0.1:9/v1"],
     },
     "train": {"num_workers": 3, "log_freq": 5},
     "bench": {"request_timeout_s": 42, "server_args": ["--max-num-seqs", "8"]},
@@ -897,3 +900,84 @@ def test_the_lab_package_stays_out_of_every_stage(tmp_path):
     bad.write_text("from eagle3_lab.diagnostics import walk\n")
     with pytest.raises(LabImportError, match=r"imports eagle3_lab\.diagnostics"):
         logic_modules(bad)
+
+
+# ---- extract.mode online/hybrid: the train jobs extract for themselves ------------------------
+
+ONLINE = "extract={mode: online}"
+
+
+def test_online_mode_has_no_extract_job_and_its_train_job_holds_the_servers(tmp_path):
+    """Online, the DAG has no extract or extract_gather job and nothing reads a manifest; the
+    train job holds the trainer's GPUs and its extraction server's (TP 8 each here), or only
+    the trainer's when extract.endpoints names servers elsewhere."""
+    args = ("--configfile", DEFAULT_CONFIG, "--resources", "gpus=16", "--config", CUDA_TP8)
+    jobs = plan(*args, ONLINE, workdir=tmp_path)
+    rules = by_rule(jobs)
+    assert not {"extract", "extract_gather"} & set(rules)
+    assert rules["train"] == rules["bench"] == 1
+    assert [j.gpus for j in jobs if j.rule == "train"] == [16]
+    assert all("hidden_states" not in j.fields.get("input", "") for j in jobs)
+    remote = "extract={mode: hybrid, endpoints: [http://inference-node:8000/v1], servers: 2}"
+    jobs = plan(*args, remote, workdir=tmp_path)
+    assert [j.gpus for j in jobs if j.rule == "train"] == [8]
+
+
+def test_online_train_over_nodes_needs_endpoints(tmp_path):
+    out = snakemake(
+        "-n",
+        "--configfile",
+        DEFAULT_CONFIG,
+        "--config",
+        ONLINE,
+        "train={nodes: 2}",
+        workdir=tmp_path,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "`extract.mode`: online with train.nodes 2 needs extract.endpoints" in out.output
+
+
+@pytest.fixture(scope="module")
+def online_done(tmp_path_factory) -> Path:
+    repo = copy_repo(tmp_path_factory.mktemp("repo-online"))
+    mark_done(repo, "--config", ONLINE)
+    return repo
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "extract={mode: online, layer_ids: [3, 15, 27]}",
+        "extract={mode: online, storage: fp8}",
+        "extract={mode: hybrid}",
+    ],
+)
+def test_an_extraction_change_in_online_mode_replans_train_and_what_follows(online_done, change):
+    """Online, extraction's result keys are the train job's: a change re-runs training (and
+    bench, report), never synth, prepare or vocab."""
+    jobs = rerun_plan(online_done, "--config", change)
+    assert set(jobs) == {"train", "bench", "report", "all"}, jobs
+    assert jobs["train"].startswith("Params have changed since last execution")
+
+
+def test_operational_extraction_keys_in_online_mode_rerun_nothing(online_done):
+    change = (
+        "extract={mode: online, servers: 2, concurrency: 3, hybrid_disk_gib: 1, "
+        "endpoints: [http://inference-node:8000/v1], min_next_token_agreement: 0.5}"
+    )
+    out = snakemake("-n", "--config", change, repo=online_done).output
+    assert "Nothing to be done" in out, out
+
+
+def test_an_extraction_code_edit_in_online_mode_replans_train_not_synth(online_done):
+    """The train job runs extraction's request, checks and connector: its code hash covers
+    them, so an edit re-plans training and what follows, and no extraction job exists."""
+    closures = code_closures(online_done)
+    assert {"extract.client", "extract.validator", "hidden_states.connector"} <= set(
+        closures["train"]
+    )
+    with edited(online_done / "src" / "eagle3_pipeline" / "extract" / "client.py", real_change):
+        jobs = rerun_plan(online_done, "--config", ONLINE)
+    assert set(jobs) == {"train", "bench", "report", "all"}, jobs
+    assert jobs["train"].startswith("Params have changed since last execution")

@@ -10,7 +10,7 @@ run_job(
     lambda i, o, p, log: bench.run(
         target_json=i.target,
         drafter_dir=i.drafter.rsplit("/", 1)[0],
-        manifest_path=i.manifest,
+        manifest_path=i.get("manifest"),  # none with extract.mode online/hybrid
         train_metrics=i.train_metrics,
         prompt_files=dict(zip(p.sets, i.prompts, strict=True)),
         baseline_json=i.baseline or None,

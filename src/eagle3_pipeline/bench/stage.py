@@ -304,7 +304,10 @@ def run(
     metrics. The method and its limits come from the drafter's config; ``name`` (its name in
     train.methods, a method or a variant; default: the method) labels its rows."""
     target = load_info(target_json)
-    manifest = read_json(manifest_path)
+    # the extraction's manifest; online/hybrid (none) what the train job extracted itself
+    manifest = read_json(manifest_path or train_metrics)
+    if not manifest_path:
+        manifest = manifest["hidden_states"]
     drafter_dir = str(Path(drafter_dir).resolve())
     check = consistency.check(drafter_dir, manifest, target)
     if not check["ok"]:

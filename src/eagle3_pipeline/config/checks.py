@@ -130,6 +130,7 @@ def check_semantics(cfg: dict) -> list[str]:
     if cfg["synth"]["api_key_env"] and not cfg["synth"]["endpoint"]:
         problems.append("config key `synth.api_key_env`: only used with synth.endpoint")
     problems += synth_split_problems(cfg)
+    problems += online_problems(cfg)
 
     layer_ids = cfg["extract"]["layer_ids"]
     if layer_ids is not None and layer_ids != sorted(layer_ids):
@@ -170,6 +171,22 @@ def synth_split_problems(cfg: dict) -> list[str]:
             "synth.jobs to run more servers)"
         )
     return problems
+
+
+def online_problems(cfg: dict) -> list[str]:
+    """extract.mode online/hybrid: the train job's extraction servers run on its first node
+    only, so a train job over several nodes needs servers that every node reaches
+    (extract.endpoints)."""
+    x, nodes = cfg["extract"], cfg["train"]["nodes"]
+    if x["mode"] != "stored" and nodes > 1 and not x["endpoints"]:
+        return [
+            f"config key `extract.mode`: {x['mode']} with train.nodes {nodes} needs "
+            "extract.endpoints: the servers a train job starts run beside its first process "
+            "and write where only that node reads. Start the extraction servers yourself on a "
+            "shared file system (scripts/extraction_server.py) and list them in "
+            "extract.endpoints, set train.nodes: 1, or extract.mode: stored"
+        ]
+    return []
 
 
 def method_problems(cfg: dict) -> list[str]:

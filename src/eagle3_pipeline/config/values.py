@@ -57,13 +57,31 @@ def check_tensor_parallel(tensor_parallel_size: int, architecture: dict) -> None
         )
 
 
+def extracts_in_train(cfg: dict) -> bool:
+    """Whether the train jobs extract their hidden states themselves (extract.mode online or
+    hybrid): the DAG then has no extract job."""
+    return cfg["extract"]["mode"] != "stored"
+
+
+def online_server_gpus(cfg: dict) -> int:
+    """GPUs of the extraction servers a train job starts beside its trainer: extract.servers
+    servers of vllm.tensor_parallel_size GPUs each in online/hybrid mode, none where
+    extract.endpoints names servers running elsewhere."""
+    if not extracts_in_train(cfg) or cfg["extract"]["endpoints"]:
+        return 0
+    return cfg["extract"]["servers"] * server_gpus(cfg)
+
+
 def stage_gpus(cfg: dict, stage: str) -> int:
+    """GPUs one job of ``stage`` holds (on each node, for training over several nodes)."""
     if stage == "synth":
         return 0 if cfg["synth"]["endpoint"] else server_gpus(cfg)
-    if stage in ("extract", "bench"):
+    if stage == "extract":
+        return 0 if extracts_in_train(cfg) else server_gpus(cfg)
+    if stage == "bench":
         return server_gpus(cfg)
     if stage == "train":
-        return cfg["train"]["gpus"]
+        return cfg["train"]["gpus"] + online_server_gpus(cfg)
     return 0
 
 

@@ -84,6 +84,49 @@ def wait_written(staged: str, timings: Timings | None = None) -> None:
         timings.add(PHASES[:1], t)
 
 
+@dataclass
+class StagedSample:
+    """A staged file that passed its checks: its bytes (in the reading thread's buffer, valid
+    until that thread reads its next file), its tensors (views of those bytes), the final-layer
+    rows at the probed positions and the tokens that follow them."""
+
+    data: memoryview
+    tensors: dict
+    rows: Any  # float32 [n, hidden]
+    targets: list[int]
+    clock: list[float]  # perf_counter at the end of each of PHASES[:4], from the start
+
+
+def check_staged(
+    staged: str,
+    row: dict,
+    num_layers: int,
+    hidden_size: int,
+    max_positions: int,
+    written: bool = False,
+) -> StagedSample:
+    """Wait until the server has written ``staged`` (unless ``written``: :func:`wait_written`
+    has returned for it already), read it and check it against ``row`` (shapes, token ids,
+    NaN/Inf, all-zero rows: VerificationError), and pick the final-layer rows the next-token
+    probe needs. What the extract job and online training (:mod:`.online`) both do with a
+    sample the server returned."""
+    clock = time.perf_counter
+    t = [clock()]
+    if not written:
+        wait_written(staged)
+    t.append(clock())
+    data = read_into_thread_buffer(staged)
+    t.append(clock())
+    tensors = shards.tensors_from_bytes(data)
+    t.append(clock())
+    ids = row["input_ids"]
+    check_stored(tensors, ids, num_layers, hidden_size, shards.SCALES_KEY)
+    positions = probe_positions(ids, row["loss_mask"], max_positions)
+    rows = final_rows(tensors, positions)
+    t.append(clock())
+    return StagedSample(data, tensors, rows, [ids[p + 1] for p in positions], t)
+
+
 def take_sample(
     staged: str,
     index: int,
@@ -101,36 +144,25 @@ def take_sample(
     Raises VerificationError for a wrong sample; the staged file then stays out of the shards.
     A moved file without its journal entry (the probe or the job failing next) is a stray
     that the next scan removes."""
-    clock = time.perf_counter
-    t = [clock()]
-    if not written:
-        wait_written(staged)
-    t.append(clock())
-    data = read_into_thread_buffer(staged)
-    t.append(clock())
-    tensors = shards.tensors_from_bytes(data)
-    t.append(clock())
-    ids = row["input_ids"]
-    check_stored(tensors, ids, num_layers, hidden_size, shards.SCALES_KEY)
-    positions = probe_positions(ids, row["loss_mask"], max_positions)
-    rows = final_rows(tensors, positions)
-    t.append(clock())
-    digest = sha256_bytes(data)
+    sample = check_staged(staged, row, num_layers, hidden_size, max_positions, written)
+    t = sample.clock
+    digest = sha256_bytes(sample.data)
     dest = shards.sample_path(root, index, samples_per_shard)
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staged, dest)
     mtime_ns = dest.stat().st_mtime_ns
-    t.append(clock())
+    t.append(time.perf_counter())
     timings.add(PHASES, t)
+    ids = row["input_ids"]
     entry = {
         "index": index,
         "key": row_key(ids),
         "tokens": len(ids),
-        "bytes": len(data),
+        "bytes": len(sample.data),
         "sha256": digest,
         "mtime_ns": mtime_ns,
     }
-    return Checked(entry, rows, [ids[p + 1] for p in positions])
+    return Checked(entry, sample.rows, sample.targets)
 
 
 def read_into_thread_buffer(path: str) -> memoryview:

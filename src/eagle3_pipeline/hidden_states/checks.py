@@ -166,14 +166,16 @@ class NextTokenProbe:
         self.eps = float(arch.get("rms_norm_eps") or 1e-6)
         # Gemma-family norms scale by (1 + w).
         self.offset = 1.0 if str(arch.get("model_type", "")).startswith("gemma") else 0.0
-        torch.set_grad_enabled(False)
 
     def predict(self, h_final):
         import torch
 
-        x = h_final.to(self.device).float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x * (self.norm_w + self.offset)) @ self.head.T
+        # no autograd graph, locally: the probe also runs inside training (extract.mode
+        # online), where gradients must stay on
+        with torch.no_grad():
+            x = h_final.to(self.device).float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (x * (self.norm_w + self.offset)) @ self.head.T
 
     def agreement(
         self, h_final, input_ids: list[int], loss_mask: list[int], max_positions: int

@@ -67,6 +67,24 @@ def layer_columns(manifest: dict[str, Any], aux_layer_ids: list[int]) -> list[in
     return None if cols == list(range(len(layer_ids))) else cols
 
 
+def training_sample(
+    tensors: dict[str, Any], dequantize_dtype: str, columns: list[int] | None
+) -> dict[str, Any]:
+    """A sample file's tensors as speculators' dataset takes them: fp8 dequantized to
+    ``dequantize_dtype`` exactly as hs_connectors' ``FP8Transfer`` does, the layers of
+    ``columns`` (:func:`layer_columns`; None: all). ``tensors`` is changed in place."""
+    if SCALES_KEY in tensors:
+        import torch
+
+        scales = tensors.pop(SCALES_KEY)
+        tensors["hidden_states"] = dequantize_fp8_tensor(
+            tensors["hidden_states"], scales, dtype=getattr(torch, dequantize_dtype)
+        )
+    if columns is not None:
+        tensors["hidden_states"] = tensors["hidden_states"][:, columns].contiguous()
+    return tensors
+
+
 class ShardedTransfer(HiddenStatesTransfer):
     """Reads ``shards/shard_<s>/hs_<i>.safetensors`` under ``root``; fp8 files are
     dequantized to ``dequantize_dtype`` (the collate function casts to the training dtype);
@@ -97,17 +115,7 @@ class ShardedTransfer(HiddenStatesTransfer):
         path = self.path(file_idx)
         if not path.exists():
             return None
-        sample = load_file(str(path))
-        if SCALES_KEY in sample:
-            import torch
-
-            scales = sample.pop(SCALES_KEY)
-            sample["hidden_states"] = dequantize_fp8_tensor(
-                sample["hidden_states"], scales, dtype=getattr(torch, self.dequantize_dtype)
-            )
-        if self.columns is not None:
-            sample["hidden_states"] = sample["hidden_states"][:, self.columns].contiguous()
-        return sample
+        return training_sample(load_file(str(path)), self.dequantize_dtype, self.columns)
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
         raise RuntimeError(

@@ -27,6 +27,7 @@ from ..engine.spec import memory_utilization
 from ..hidden_states.layers import LayerIdError, resolve_layers
 from ..runtime.gpus import nvidia_smi_rows
 from . import model_shape
+from .modes import MODES, mode_estimates
 from .stages import (
     MODEL_LOAD,
     model_load_seconds,
@@ -67,17 +68,23 @@ def free_bytes(path: Path) -> tuple[int, Path]:
     return shutil.disk_usage(p).free, p
 
 
-def disk_problem(needed: int, free: int, margin: float, where: Path) -> str | None:
-    """What to do when ``needed`` bytes (times ``margin``) do not fit ``free``; else None."""
+def disk_problem(
+    needed: int, free: int, margin: float, where: Path, remedy: str | None = None
+) -> str | None:
+    """What to do when ``needed`` bytes (times ``margin``) do not fit ``free``; else None.
+    ``remedy``: what to lower instead of the stored mode's levers."""
     if needed * margin <= free:
         return None
     short = needed * margin - free
+    remedy = remedy or (
+        "use extract.storage: fp8 (half the size, at about the same extraction rate), lower "
+        "prepare.seq_length / the number of prompts, or use extract.mode: online or hybrid "
+        "(docs/train.md: no stored hidden states)"
+    )
     return (
         f"hidden states need about {needed / GIB:.1f} GiB (x{margin} margin = "
         f"{needed * margin / GIB:.1f} GiB) but {where} has {free / GIB:.1f} GiB free. "
-        f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, use extract.storage: "
-        "fp8 (half the size, at about the same extraction rate), or lower prepare.seq_length / "
-        "the number of prompts; or set "
+        f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, {remedy}; or set "
         f"{ALLOW_KEY}: [disk] to proceed anyway."
     )
 
@@ -193,7 +200,7 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
 
     run = Path(run)
     problems: list[dict[str, str]] = []
-    plan: dict[str, Any] = {"run": str(run), "problems": problems}
+    plan: dict[str, Any] = {"run": str(run), "problems": problems, "mode": cfg["extract"]["mode"]}
     v, x = cfg["vllm"], cfg["extract"]
     try:
         raw, where, model_dir, index_total = model_shape.read_config(cfg["target"], run)
@@ -247,7 +254,13 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
         for storage in BYTES_PER_VALUE
         if rows["samples"] is not None
     }
-    hs_dir = run / "hidden_states"
+    online = x["mode"] != "stored"
+    # online/hybrid the train jobs' work directories hold what is on the disk (their hybrid
+    # caches, the samples in flight)
+    hs_dir = run / ("train_work" if online else "hidden_states")
+    largest = sample_bytes(
+        cfg["prepare"]["seq_length"], len(captured) + 1, shape["hidden_size"], x["storage"]
+    )
     if by_storage:
         total = by_storage[x["storage"]]
         stored = bytes_under(hs_dir)
@@ -262,9 +275,10 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
             "margin": x["disk_margin"],
             "how": rows["how"],
         }
-        problem = disk_problem(max(total - stored, 0), free, x["disk_margin"], on)
-        if problem:
-            problems.append({"check": "disk", "message": problem})
+        if not online:
+            problem = disk_problem(max(total - stored, 0), free, x["disk_margin"], on)
+            if problem:
+                problems.append({"check": "disk", "message": problem})
     if v["device"] == "cuda":
         tp = v["tensor_parallel_size"]
         gib, gib_from = gpu_memory_gib(v["gpu_memory_gib"])
@@ -296,9 +310,54 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
             "bytes_per_s": MODEL_LOAD["bytes_per_s"],
             "source": MODEL_LOAD["source"],
         }
-    plan["stages"] = stage_estimates(cfg, shape, rows, jobs, weights, by_storage)
-    plan["totals"] = run_totals(plan["stages"])
+    stages = stage_estimates(cfg, shape, rows, jobs, weights, by_storage)
+    plan["modes"] = mode_estimates(
+        cfg,
+        by_storage.get(x["storage"]),
+        largest,
+        stages["extract"].get("estimate"),
+        stages["train"].get("estimate"),
+        model_load_seconds(weights) if v["device"] == "cuda" else 0.0,
+        rows["tokens"],
+    )
+    if online:
+        in_train(stages, plan["modes"][x["mode"]], x["mode"])
+        high_water = plan["modes"][x["mode"]]["disk_bytes"]
+        if high_water is not None and by_storage:
+            plan["disk"]["hidden_state_bytes"] = high_water
+            remedy = (
+                "lower extract.hybrid_disk_gib (hybrid keeps that much per train job) or "
+                "train.num_workers (a sample on the disk per request in flight)"
+            )
+            problem = disk_problem(max(high_water - stored, 0), free, x["disk_margin"], on, remedy)
+            if problem:
+                problems.append({"check": "disk", "message": problem})
+    plan["stages"] = stages
+    plan["totals"] = run_totals(stages)
     return plan
+
+
+def in_train(stages: dict, mode: dict, name: str) -> None:
+    """extract.mode online/hybrid: no extract stage; the train jobs extract, on their own
+    servers' GPUs too, in the time of ``mode`` (:func:`mode_estimates`)."""
+    stages.pop("extract")
+    train = stages["train"]
+    train.pop("hidden_states", None)
+    train.pop("read_bytes_per_s", None)
+    e = train.get("estimate")
+    if e and mode["seconds"] is not None:
+        seconds = mode["seconds"]
+        train["estimate"] = {
+            **e,
+            "seconds": seconds,
+            "gpu_hours": train["jobs"] * train["gpus_per_job"] * seconds / 3600,
+            "bound": mode["bound"],
+        }
+    train["extracts"] = {
+        "mode": name,
+        "how": mode["how"],
+        "training_seconds": e["seconds"] if e else None,
+    }
 
 
 def refusals(plan: dict, cfg: dict) -> list[str]:
@@ -312,6 +371,11 @@ def refusals(plan: dict, cfg: dict) -> list[str]:
 
 def _gib(n: float | None) -> str:
     return "?" if n is None else f"{n / GIB:,.1f} GiB"
+
+
+def _size(n: float | None) -> str:
+    """GiB, or MiB below a tenth of one (a few samples in flight)."""
+    return _gib(n) if n is None or n >= GIB / 10 else f"{n / 2**20:,.1f} MiB"
 
 
 def _hours(seconds: float) -> str:
@@ -352,6 +416,12 @@ def _stage_time(stage: dict) -> str:
         text += (
             f"; {stage['servers_per_job']} servers share each job's GPU: their gain is not "
             "measured, so not counted"
+        )
+    if stage.get("extracts"):
+        x = stage["extracts"]
+        text = (
+            f"{e['bound']} {_hours(e['seconds'])}: extract.mode {x['mode']}, {x['how']}; "
+            f"training alone {text.replace(_hours(e['seconds']), _hours(x['training_seconds']), 1)}"
         )
     if stage.get("read_bytes_per_s"):
         speeds = ", ".join(f"{v / 1e9:,.1f} GB/s {k}" for k, v in stage["read_bytes_per_s"].items())
@@ -399,6 +469,27 @@ def _stage_table(stages: dict) -> list[str]:
     ]
 
 
+def _train_gpus(g: dict) -> str:
+    trainer = str(g["trainer"]) if g["trainer"] else "CPU"
+    if not g["servers"]:
+        return trainer
+    return f"{g['trainer'] + g['servers']} ({trainer} trainer + {g['servers']} servers)"
+
+
+def _modes_table(modes: dict) -> list[str]:
+    """One row per extract.mode: disk high-water mark, train job GPUs, time."""
+    rows = [("mode", "disk high-water", "train job GPUs", "extract + train")]
+    for name in MODES:
+        m = modes[name]
+        time = (
+            f"{m['bound']} {_hours(m['seconds'])}" if m["seconds"] is not None else "not estimated"
+        )
+        gpus = _train_gpus(m["train_gpus"])
+        rows.append((name, _size(m["disk_bytes"]), gpus, f"{time} ({m['how']})"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["    " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+
+
 def format_plan(plan: dict) -> str:
     """The plan as label: value lines, with a table of the GPU stages."""
     lines = [f"Plan for {plan['run']} (docs/plan.md):"]
@@ -425,10 +516,12 @@ def format_plan(plan: dict) -> str:
     add("rows", f"{samples} x {r['tokens_per_sample']:,.0f} tokens = {tokens} tokens ({r['how']})")
     if plan.get("disk"):
         d = plan["disk"]
+        mode = plan.get("mode", "stored")
         add(
             "hidden states",
-            f"{_gib(d['hidden_state_bytes'])} ({d['storage']}; "
-            f"{_gib(d['already_stored_bytes'])} stored) vs {_gib(d['free_bytes'])} free at "
+            f"{_size(d['hidden_state_bytes'])} ({d['storage']}"
+            + ("" if mode == "stored" else f", extract.mode {mode}: the most on the disk at once")
+            + f"; {_gib(d['already_stored_bytes'])} stored) vs {_gib(d['free_bytes'])} free at "
             f"{d['free_at']} (x{d['margin']} margin)",
         )
     if plan.get("gpu_memory"):
@@ -452,6 +545,13 @@ def format_plan(plan: dict) -> str:
         "GPU-hours = jobs x GPUs per job x wall time",
     )
     lines.extend(_stage_table(stages))
+    if plan.get("modes"):
+        add(
+            "hidden states by",
+            f"extract.mode (this run: {plan.get('mode', 'stored')}; docs/train.md): the disk "
+            "each fills at most, a train job's GPUs, extraction and training together",
+        )
+        lines.extend(_modes_table(plan["modes"]))
     if plan.get("totals"):
         for name, st in stages.items():
             add(f"{name} time", _stage_time(st))

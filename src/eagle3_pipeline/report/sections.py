@@ -349,47 +349,10 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
     )
 
     v = manifest.get("verification", {})
-    out.append(
-        (
-            "Hidden-state extraction",
-            [
-                (
-                    "table",
-                    ["", ""],
-                    [
-                        [
-                            "samples / tokens",
-                            f"{_fmt(manifest.get('num_samples'))} / {_fmt(manifest.get('tokens'))}",
-                        ],
-                        ["layers (aux + final)", _fmt(manifest.get("layer_ids"))],
-                        [
-                            "storage, bytes per token",
-                            f"{manifest.get('storage')}, {_fmt(manifest.get('bytes_per_token'))}",
-                        ],
-                        [
-                            "next-token agreement",
-                            _fmt(v.get("next_token_agreement"), 4)
-                            + f" over {_fmt(v.get('next_token_positions'))} positions",
-                        ],
-                        [
-                            "reference forward: max relative error",
-                            _fmt(v.get("reference_max_rel_error")),
-                        ],
-                        ["reference error per layer", _fmt(v.get("reference_per_layer"))],
-                        [
-                            "extraction tokens/s (per part, last run)",
-                            _fmt(
-                                [
-                                    p["this_run"].get("tokens_per_s")
-                                    for p in manifest.get("parts", [])
-                                ]
-                            ),
-                        ],
-                    ],
-                ),
-            ],
-        )
-    )
+    if not manifest:  # extract.mode online/hybrid: each train job extracted for itself
+        out.append(("Hidden-state extraction (inside training)", _online_extraction(methods)))
+    else:
+        out.append(_stored_extraction(manifest, v))
 
     for method, m in methods.items():
         out.append(
@@ -430,3 +393,74 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
         )
     )
     return out
+
+
+def _stored_extraction(manifest: dict, v: dict) -> tuple[str, list]:
+    """The extract stage's manifest: samples, layers, storage and its checks."""
+    return (
+        "Hidden-state extraction",
+        [
+            (
+                "table",
+                ["", ""],
+                [
+                    [
+                        "samples / tokens",
+                        f"{_fmt(manifest.get('num_samples'))} / {_fmt(manifest.get('tokens'))}",
+                    ],
+                    ["layers (aux + final)", _fmt(manifest.get("layer_ids"))],
+                    [
+                        "storage, bytes per token",
+                        f"{manifest.get('storage')}, {_fmt(manifest.get('bytes_per_token'))}",
+                    ],
+                    [
+                        "next-token agreement",
+                        _fmt(v.get("next_token_agreement"), 4)
+                        + f" over {_fmt(v.get('next_token_positions'))} positions",
+                    ],
+                    [
+                        "reference forward: max relative error",
+                        _fmt(v.get("reference_max_rel_error")),
+                    ],
+                    ["reference error per layer", _fmt(v.get("reference_per_layer"))],
+                    [
+                        "extraction tokens/s (per part, last run)",
+                        _fmt(
+                            [p["this_run"].get("tokens_per_s") for p in manifest.get("parts", [])]
+                        ),
+                    ],
+                ],
+            ),
+        ],
+    )
+
+
+def _online_extraction(methods: dict) -> list:
+    """extract.mode online/hybrid: what each train job's own extraction fed it and how the
+    samples checked (metrics.json ``hidden_states``)."""
+    rows = []
+    for method, m in methods.items():
+        hs = m["train"].get("hidden_states") or {}
+        v = hs.get("verification") or {}
+        rows.append(
+            [
+                method,
+                hs.get("mode"),
+                _fmt(hs.get("layer_ids")),
+                hs.get("storage"),
+                f"{_fmt(v.get('samples_generated'))} / {_fmt(v.get('samples_from_disk'))}",
+                _fmt(v.get("next_token_agreement"), 4)
+                + f" over {_fmt(v.get('next_token_positions'))} positions",
+                f"{_fmt(v.get('kept_bytes'))} / {_fmt(v.get('largest_sample_bytes'))}",
+            ]
+        )
+    header = [
+        "drafter",
+        "mode",
+        "layers (aux + final)",
+        "storage",
+        "samples generated / read from disk",
+        "next-token agreement",
+        "bytes kept / largest sample",
+    ]
+    return [("table", header, rows)]

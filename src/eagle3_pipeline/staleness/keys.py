@@ -30,6 +30,17 @@ BENCH_VLLM_KEYS = (
     "vllm.enforce_eager",
     "vllm.max_model_len",
 )
+# What a sample's hidden states depend on besides the row and the target (extraction's result
+# keys without how its work is split into jobs and shards): the train job's, when it extracts
+# them itself (extract.mode online or hybrid). extract.layer_ids only for a method without
+# layers of its own.
+ONLINE_EXTRACTION_KEYS = (
+    "extract.mode",
+    "extract.layer_ids",
+    "extract.storage",
+    "vllm.device",
+    "vllm.dtype",
+)
 # Config keys whose value changes a rule's output, per rule. A rule's params carry exactly these
 # (:func:`result_config`), so a change of one re-runs that rule and everything downstream of it.
 # A prompts_bench job gets only its own set's entry of prompts.bench.
@@ -84,6 +95,10 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         *(f"train.{k}" for k in methods.SHARED_TRAIN_KEYS),
         *(f"train.{m}" for m in methods.METHODS),
         "train.variants",
+        # stored: the hidden states are an input (the manifest) and none of extraction's keys
+        # is a param; online/hybrid: the train job extracts, so its params carry
+        # ONLINE_EXTRACTION_KEYS (result_config)
+        "extract.mode",
     ),
     # The baseline on its own (bench.pairing: separate), shared by every method.
     "bench_baseline": (
@@ -152,6 +167,9 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "extract.max_reference_rel_error",
     "extract.disk_margin",
     "extract.server_args",
+    "extract.hybrid_disk_gib",
+    "extract.servers",
+    "extract.endpoints",
     "train.num_workers",
     "train.log_freq",
     "bench.request_timeout_s",
@@ -175,9 +193,17 @@ def result_config(
     ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
     ``bench``, ``bench.num_speculative_tokens`` is the list of ``method``."""
     if rule == "train":
-        return {
-            "train": sort_keys(copy.deepcopy(methods.method_train_config(cfg["train"], method)))
-        }
+        own = methods.method_train_config(cfg["train"], method)
+        out = {"train": sort_keys(copy.deepcopy(own))}
+        if cfg["extract"]["mode"] != "stored":
+            # the train job extracts its hidden states: extraction's result keys are its own
+            # (absent in stored mode, so a stored run keeps the params it had)
+            for key in ONLINE_EXTRACTION_KEYS:
+                if key == "extract.layer_ids" and methods.layer_ids_of(own) is not None:
+                    continue
+                section, name = key.split(".")
+                out.setdefault(section, {})[name] = copy.deepcopy(_lookup(cfg, key))
+        return out
     out: dict = {}
     for key in sorted(RESULT_KEYS[rule]):
         *sections, name = key.split(".")

@@ -356,9 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(writer, rank)
 
     bridges = apply_bridges()
+    from eagle3_pipeline.extract import online_transfer as online_backend
     from eagle3_pipeline.hidden_states import dataset as hs_backend
 
     hs_backend.register()
+    online_backend.register()
     if stock_argv is not None:
         from speculators.train.config import TrainConfig
 

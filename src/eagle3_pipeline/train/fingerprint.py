@@ -13,6 +13,9 @@ from ..runtime.files import read_json, sha256_file, sha256_tree, stable_hash, wr
 from ..staleness.code import modules_hash
 from .checkpoints import CHECKPOINTS
 
+# extract.mode online/hybrid: the training process's spec, ledger and hybrid cache
+ONLINE_DIR = "online"
+
 log = logging.getLogger(__name__)
 
 # Fields that do not change what is trained (left out of the fingerprint).
@@ -32,7 +35,12 @@ TRAINING_CODE = (
     "hidden_states.dataset",
     "hidden_states.shards",
 )
-# What identifies the hidden states in their manifest (eagle3_pipeline.extract.gather).
+# Online/hybrid: the code that produces the samples inside training (the round trip to the
+# server, its checks, the cache). What the samples hold is the capture fingerprint's
+# (extract.CAPTURE_FORMAT among it), as for stored samples.
+ONLINE_TRAINING_CODE = ("extract.online", "extract.online_transfer")
+# What identifies the hidden states in their manifest (eagle3_pipeline.extract.gather); online
+# (no samples on disk to hash) the capture fingerprint of the job's own extraction.
 HIDDEN_STATES_KEYS = ("samples_sha256", "num_samples", "layer_ids", "storage", "hidden_size")
 
 
@@ -57,17 +65,22 @@ def fingerprint(
     except md.PackageNotFoundError:
         spec_version = None
     skip = OPERATIONAL | PATHS
+    hidden_states = {k: manifest.get(k) for k in HIDDEN_STATES_KEYS}
+    code = list(TRAINING_CODE)
+    if manifest.get("capture"):  # produced by the train job itself (extract.mode online/hybrid)
+        hidden_states["capture"] = manifest["capture"]
+        code += ONLINE_TRAINING_CODE
     parts = {
         "params": {k: v for k, v in sorted(train_config.items()) if k not in skip},
         # the processes training shares data between: their number sets the global batch
         "world_size": max(1, int(gpus)) * int(nodes),
         "dataset": sha256_tree(dataset_dir),
-        "hidden_states": {k: manifest[k] for k in HIDDEN_STATES_KEYS},
+        "hidden_states": hidden_states,
         "d2t": sha256_file(d2t),
         "t2d": sha256_file(t2d),
         "target": target["identity"],
         "speculators": spec_version,
-        "code": modules_hash(list(TRAINING_CODE)),
+        "code": modules_hash(code),
     }
     return {"hash": stable_hash(parts), "parts": parts}
 
@@ -90,7 +103,7 @@ def prepare_work_dir(work_dir: Path, fp: dict[str, Any]) -> bool:
             ", ".join(changed) or "unknown",
             work_dir,
         )
-    for name in (CHECKPOINTS, "logs", "job.json"):
+    for name in (CHECKPOINTS, "logs", "job.json", ONLINE_DIR):
         p = work_dir / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)

@@ -25,6 +25,7 @@ def _training_process_modules() -> None:
     """Never called. The training process runs these modules in a subprocess; importing them
     here puts them into the train rule's code hash (staleness.code.code_hash), so an edit to either
     re-runs the stage."""
+    from ..extract import online_transfer  # noqa: F401  (extract.mode online/hybrid)
     from ..hidden_states import dataset as hs_backend  # noqa: F401
     from . import entry  # noqa: F401
 
@@ -114,8 +115,12 @@ def multi_node_command(job_path: Path, gpus: int, nodes: int) -> list[str]:
     return launch_command(job_path, gpus, nodes, head=hosts[0], job_id=job_id)
 
 
-def child_env(gpus: int) -> dict[str, str]:
+def child_env(gpus: int, devices: list[str] | None = None) -> dict[str, str]:
+    """The training process's environment; ``devices``: its GPUs, when the job's other GPUs
+    run its extraction servers (extract.mode online/hybrid)."""
     env = server_guard.with_package_on_path(dict(os.environ))
+    if devices is not None and gpus > 0:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' save_pretrained bars

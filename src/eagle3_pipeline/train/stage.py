@@ -3,6 +3,7 @@ speculators' trainer, export the best checkpoint, write metrics, plot and consis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -16,11 +17,18 @@ from ..runtime.provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
 from .errors import TrainError
 from .export import export_checkpoint
-from .fingerprint import fingerprint, prepare_work_dir
+from .extraction import online_manifest, online_verification, start_online
+from .fingerprint import ONLINE_DIR, fingerprint, prepare_work_dir
 from .launcher import child_env, launch, launch_command, multi_node_command
 from .metrics import METRICS_FORMAT, RECORDS, read_records, summarize
 from .plot import plot
-from .trainer_config import draft_vocab_size_of, resolve_auto, trainer_args
+from .trainer_config import (
+    ONLINE_BACKEND,
+    SHARDS_BACKEND,
+    draft_vocab_size_of,
+    resolve_auto,
+    trainer_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +47,7 @@ def require_torch_format(dataset_dir: Path) -> None:
 def run(
     target_json: str,
     dataset_dir: str,
-    manifest_path: str,
+    manifest_path: str | None,
     d2t: str,
     t2d: str,
     drafter_dir: str,
@@ -48,20 +56,34 @@ def run(
     cfg: dict[str, Any],
     work_dir: str,
     log_path: str | None = None,
+    online: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) and export the drafter of ``cfg["method"]`` (the default method when
     absent); returns
     the metrics written. ``cfg`` is that method's train config
-    (:func:`eagle3_pipeline.methods.method_train_config`) with the operational keys."""
+    (:func:`eagle3_pipeline.methods.method_train_config`) with the operational keys.
+
+    ``online`` (extract.mode online or hybrid; ``manifest_path`` is then None): the job's own
+    extraction, ``{"extract": section, "vllm": section, "synth_temperature": float,
+    "allow_low_disk": bool}``: the training process asks extraction servers for each sample
+    (:mod:`eagle3_pipeline.extract.online`)."""
     t0 = time.time()
     method = methods.of(cfg).name
     target_info = read_json(target_json)
     verifier = str(Path(target_info["model_path"]).resolve())
-    manifest_path = Path(manifest_path).resolve()
-    manifest = read_json(manifest_path)
-    hs_root = Path(manifest.get("root") or manifest_path.parent).resolve()
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if online is None:
+        manifest_path = Path(manifest_path).resolve()
+        manifest = read_json(manifest_path)
+        hs_root = Path(manifest.get("root") or manifest_path.parent).resolve()
+        backend = SHARDS_BACKEND
+    else:
+        manifest = online_manifest(
+            target_info, online["extract"], online["vllm"], layer_ids_of(cfg), dataset_dir
+        )
+        hs_root = work / ONLINE_DIR
+        backend = ONLINE_BACKEND
     gpus = int(cfg.get("gpus", 0))
     nodes = int(cfg.get("nodes", 1))
     target_window = consistency.target_model_window(verifier)
@@ -92,6 +114,7 @@ def run(
         draft_vocab_size=k,
         save_path=str(save_path),
         log_dir=str(work / "logs"),
+        backend=backend,
     )
     fp = fingerprint(
         train_config=train_config,
@@ -147,8 +170,24 @@ def run(
             cmd = multi_node_command(job_path, gpus, nodes)
         else:
             cmd = launch_command(job_path, gpus)
-        log.info("launching attempt %d: %s", attempt, " ".join(cmd))
-        rc = launch(cmd, child_env(gpus), log_path)
+        with contextlib.ExitStack() as servers:
+            devices = None
+            if online is not None:
+                devices = start_online(
+                    servers,
+                    online,
+                    manifest,
+                    target_info,
+                    dataset_dir,
+                    hs_root,
+                    fp,
+                    attempt,
+                    train_config,
+                    gpus * nodes,
+                    log_path,
+                )
+            log.info("launching attempt %d: %s", attempt, " ".join(cmd))
+            rc = launch(cmd, child_env(gpus, devices), log_path)
         val_epochs = {int(r["epoch"]) for r in read_records(records_path) if r["kind"] == "val"}
         if rc != 0 or not training_finished(save_path, int(train_config["epochs"]), val_epochs):
             # speculators returns normally after saving its SIGTERM ("interrupted") checkpoint
@@ -162,6 +201,8 @@ def run(
                 f"{save_path} are kept and a re-run resumes from them"
             )
 
+    if online is not None:
+        manifest["verification"] = online_verification(hs_root, online)
     records = read_records(records_path)
     this_run = {
         "reused": reused,
@@ -202,6 +243,9 @@ def run(
             "launch": launch_command(work / "job.json", gpus, nodes),
         },
         "fingerprint": fp["hash"],
+        # what the drafter was trained on: the extraction's manifest, or online the job's own
+        # extraction and its checks (the bench stage checks the drafter against it)
+        "hidden_states": _hidden_states_record(manifest),
         "this_run": this_run,
         "wall_s": time.time() - t0,
         "provenance": provenance(
@@ -209,7 +253,7 @@ def run(
             {
                 "target": target_json,
                 "dataset": dataset_dir,
-                "manifest": manifest_path,
+                **({"manifest": manifest_path} if manifest_path else {}),
                 "d2t": d2t,
                 "t2d": t2d,
             },
@@ -232,6 +276,25 @@ def run(
         _fmt(metrics["throughput"]["tokens_per_s"]),
     )
     return metrics
+
+
+def _hidden_states_record(manifest: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "format",
+        "mode",
+        "capture",
+        "num_samples",
+        "samples_sha256",
+        "layer_ids",
+        "aux_layer_ids",
+        "final_layer_id",
+        "hidden_size",
+        "storage",
+        "tokens",
+        "bytes",
+        "verification",
+    )
+    return {k: manifest[k] for k in keys if k in manifest}
 
 
 def _short(v: Any) -> str:

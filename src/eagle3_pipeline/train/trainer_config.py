@@ -44,7 +44,10 @@ PROTECTED = frozenset(
         "draft_config",
     }
 )
-# Fields that do not change what is trained (left out of the fingerprint).
+# The hidden-states backends (hidden_states.dataset, extract.online register them), by name:
+# no import of either here (pure, light)
+SHARDS_BACKEND = "eagle3-pipeline-shards"
+ONLINE_BACKEND = "eagle3-pipeline-online"
 DEFAULT_CHECKPOINT_FREQ = 0.25  # checkpoints per epoch < 1: mid-epoch checkpoints for resume
 
 # ---- config -> speculators TrainConfig fields (pure) ---------------------------------------
@@ -112,8 +115,11 @@ def trainer_args(
     save_path: str,
     log_dir: str,
     cpus: int | None = None,
+    backend: str = SHARDS_BACKEND,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Map the ``train`` config section onto speculators' flat ``TrainConfig`` fields.
+    """Map the ``train`` config section onto speculators' flat ``TrainConfig`` fields;
+    ``backend`` reads the hidden states under ``hidden_states_root`` (:data:`SHARDS_BACKEND`:
+    extracted ones; :data:`ONLINE_BACKEND`: produced on demand, extract.mode online/hybrid).
 
     Returns ``(train_config, backend_args)``. Pure: no file access, no speculators import.
     """
@@ -127,7 +133,7 @@ def trainer_args(
         # verifier and data
         "verifier_name_or_path": str(verifier_path),
         "data_path": str(dataset_dir),
-        "hidden_states_backend": "eagle3-pipeline-shards",
+        "hidden_states_backend": backend,
         "on_missing": "raise",
         "total_seq_len": int(c["total_seq_len"]),
         "train_data_ratio": 1.0 - float(c["val_fraction"]),

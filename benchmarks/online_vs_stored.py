@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""extract.mode online against stored on the CPU: τ, the disk's high-water mark of hidden
+states, and the wall time of extraction plus training, with the same seed.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/online_vs_stored.py --work /tmp/online-vs-stored \\
+        --out benchmarks/results/online/online_vs_stored.json \\
+        [--configfile benchmarks/configs/online_vs_stored.yaml]
+
+Runs the workflow (config/config.yaml, then the --configfile given) in ``<work>`` twice, one
+after the other in the same run directory: first with ``extract.mode: stored`` from scratch,
+then with ``extract.mode: online``, which re-runs training, bench and report only (synth,
+prepare and vocab are the same rows for both). While each runs, a thread sums the bytes of
+every hidden-state file under the run directory (the extract stage's shards and staging, the
+train jobs' staging and hybrid cache) every 0.2 s: the high-water mark. The wall times are
+Snakemake's own per-job benchmark files (extract parts + gather + train against train); τ is
+the bench stage's acceptance length per prompt set; the drafters' weights are compared by
+their sha256. Writes one JSON file (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+class DiskPeak:
+    """The most bytes of hidden-state sample files seen at once, polled every ``interval`` s:
+    every file under the run's ``hidden_states/`` (shards, the extract jobs' staging) and under
+    each train job's ``train_work/<method>/online/`` (its servers' staging, hybrid's cache);
+    not the training checkpoints. Also the machine's load while it polls (other work on the
+    machine slows the run)."""
+
+    def __init__(self, run: Path, interval: float = 0.2):
+        self.run, self.interval = run, interval
+        self.peak = self.samples = 0
+        self.loads: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def roots(self) -> list[Path]:
+        return [self.run / "hidden_states", *self.run.glob("train_work/*/online")]
+
+    def now(self) -> int:
+        total = 0
+        for root in self.roots():
+            for dirpath, _, files in os.walk(root):
+                for f in files:
+                    if ".safetensors" in f:
+                        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                            total += os.stat(os.path.join(dirpath, f)).st_size
+        return total
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.now())
+            self.samples += 1
+            if self.samples % 25 == 1:
+                self.loads.append(os.getloadavg()[0])
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> DiskPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def snakemake(work: Path, configs: list[str], *extra: str) -> float:
+    cmd = [
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(work),
+        "--cores",
+        "all",
+        "--configfile",
+        *configs,
+        *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    t0 = time.monotonic()
+    with open(work / "snakemake.log", "a") as log:
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return time.monotonic() - t0
+
+
+def job_seconds(run: Path, prefix: str) -> float:
+    """Wall seconds of the jobs whose Snakemake benchmark file starts with ``prefix``."""
+    total = 0.0
+    for f in sorted((run / "benchmarks").glob(f"{prefix}*.tsv")):
+        with open(f) as fh:
+            total += float(next(csv.DictReader(fh, delimiter="\t"))["s"])
+    return total
+
+
+def outcome(run: Path, method: str) -> dict:
+    bench = json.loads((run / "bench" / method / "metrics.json").read_text())
+    train = json.loads((run / "drafter" / method / "metrics.json").read_text())
+    weights = (run / "drafter" / method / "model.safetensors").read_bytes()
+    return {
+        "acceptance_length": {
+            r["prompt_set"]: r["acceptance_length"] for r in bench["runs"] if r["temperature"] == 0
+        },
+        "val_loss_per_epoch": [e["val"]["loss"] for e in train["epochs"]],
+        "drafter_weights_sha256": hashlib.sha256(weights).hexdigest(),
+        "hidden_states": train.get("hidden_states"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--configfile", default=str(REPO / "benchmarks/configs/online_vs_stored.yaml"))
+    args = ap.parse_args()
+    work = args.work.resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    configs = [str(REPO / "config/config.yaml"), str(Path(args.configfile).resolve())]
+    merged = {}
+    for c in configs:
+        merged.update(yaml.safe_load(Path(c).read_text()) or {})
+    run = work / "results" / merged["run"]
+    method = (merged.get("train") or {}).get("methods", ["eagle3"])[0]
+
+    result: dict = {
+        "what": "extract.mode online vs stored on the CPU, same rows and seed",
+        "command": " ".join(["benchmarks/online_vs_stored.py", *sys.argv[1:]]),
+        "configs": [str(Path(c).relative_to(REPO)) for c in configs],
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    }
+    for mode in ("stored", "online"):
+        with DiskPeak(run) as disk:
+            dag_s = snakemake(work, configs, "--config", f"extract={{mode: {mode}}}")
+        extract_s = job_seconds(run, "extract_part") + job_seconds(run, "extract_gather")
+        result[mode] = {
+            "dag_wall_s": round(dag_s, 1),
+            "extract_s": round(extract_s, 1) if mode == "stored" else 0.0,
+            "train_s": round(job_seconds(run, f"train_{method}"), 1),
+            "bench_s": round(job_seconds(run, f"bench_{method}"), 1),
+            "disk_high_water_bytes": disk.peak,
+            "disk_polls": disk.samples,
+            "loadavg_1m_mean": round(sum(disk.loads) / max(1, len(disk.loads)), 2),
+            **outcome(run, method),
+        }
+        result[mode]["extract_plus_train_s"] = round(
+            result[mode]["extract_s"] + result[mode]["train_s"], 1
+        )
+        print(json.dumps({mode: result[mode]}, indent=1), flush=True)
+    s, o = result["stored"], result["online"]
+    result["comparison"] = {
+        "wall_time_ratio_online_to_stored": round(
+            o["extract_plus_train_s"] / s["extract_plus_train_s"], 3
+        ),
+        "disk_high_water_ratio_online_to_stored": round(
+            o["disk_high_water_bytes"] / max(1, s["disk_high_water_bytes"]), 4
+        ),
+        "same_drafter_weights": s["drafter_weights_sha256"] == o["drafter_weights_sha256"],
+        "acceptance_length_difference": {
+            k: round(o["acceptance_length"][k] - v, 6) for k, v in s["acceptance_length"].items()
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["comparison"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""extract.mode online/hybrid without a server: which rows hybrid keeps, the cache it keeps them
+in, what the ledger sums up to, the config checks, the train job's params and GPUs, and what
+the plan says of each mode. Against real servers: tests/test_online.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import plan as planlib
+from eagle3_pipeline.extract import online
+from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.runtime.files import AppendLog
+
+from conftest import default_config
+
+GIB = 2**30
+
+
+def test_hybrid_keeps_the_leading_rows_that_fit():
+    one = planlib.sample_bytes(100, 4, 576, "bf16")
+    lens = [100] * 10
+    assert online.kept_rows(lens, 4, 576, "bf16", None) == 10
+    assert online.kept_rows(lens, 4, 576, "bf16", 0) == 0
+    assert online.kept_rows(lens, 4, 576, "bf16", 3.5 * one / GIB) == 3
+    # the first row that does not fit ends the kept ones: the rule is the row index alone
+    assert online.kept_rows([100, 10_000, 100], 4, 576, "bf16", 2.5 * one / GIB) == 1
+
+
+def test_the_hybrid_cache_is_kept_for_its_capture_and_rows_only(tmp_path):
+    cache = tmp_path / "kept"
+    online.reset_cache(cache, "key-a", kept=4, samples_per_shard=2)
+    for i in range(4):
+        path = shards.sample_path(cache, i, 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    (shards.sample_path(cache, 1, 2).parent / "hs_1.safetensors.partial").write_bytes(b"x")
+    online.reset_cache(cache, "key-a", kept=2, samples_per_shard=2)  # a smaller disk share
+    assert sorted(p.name for p in cache.rglob("hs_*")) == ["hs_0.safetensors", "hs_1.safetensors"]
+    online.reset_cache(cache, "key-b", kept=2, samples_per_shard=2)  # other layers or rows
+    assert not list(cache.rglob("hs_*"))
+
+
+def test_the_ledger_sums_what_training_was_fed(tmp_path):
+    rows = [
+        {"index": 0, "source": "generated", "tokens": 10, "bytes": 100, "hits": 4, "checked": 4},
+        {"index": 1, "source": "generated", "tokens": 20, "bytes": 200, "hits": 3, "checked": 4},
+        {"index": 0, "source": "cache", "bytes": 100},
+    ]
+    for n, row in enumerate(rows):
+        log = AppendLog(tmp_path / f"1-{n % 2}.jsonl")
+        log.open()
+        log.append({**row, "attempt": 1, "t": n, "kept": row["index"] == 0})
+        log.close()
+    with open(tmp_path / "1-0.jsonl", "a") as fh:  # a line torn by a kill
+        fh.write('{"index": 5, "sour')
+    s = online.served_summary(tmp_path)
+    assert [r["index"] for r in online.read_ledger(tmp_path)] == [0, 1, 0]
+    assert s["samples_generated"] == 2 and s["samples_from_disk"] == 1 and s["samples_kept"] == 1
+    assert s["tokens_generated"] == 30 and s["largest_sample_bytes"] == 200
+    assert s["next_token_agreement"] == 7 / 8 and s["next_token_positions"] == 8
+
+
+def test_servers_take_the_first_devices_and_the_trainer_the_rest():
+    devices = [str(i) for i in range(8)]
+    assert online.endpoint_gpus(devices, 0, 2) == ["0", "1"]
+    assert online.endpoint_gpus(devices, 1, 2) == ["2", "3"]
+    assert online.trainer_devices(devices, 2, 2) == ["4", "5", "6", "7"]
+
+
+def test_online_train_params_carry_extractions_result_keys():
+    stored = default_config()
+    assert cfglib.result_config(stored, "train", method="eagle3").keys() == {"train"}
+    on = default_config(extract={"mode": "online", "storage": "fp8"})
+    params = cfglib.result_config(on, "train", method="eagle3")
+    assert params["extract"] == {"mode": "online", "layer_ids": None, "storage": "fp8"}
+    assert params["vllm"] == {"device": "cpu", "dtype": "auto"}
+    # a method with layers of its own does not depend on extract.layer_ids
+    both = default_config(
+        extract={"mode": "hybrid"},
+        train={"methods": ["eagle3", "dflash"], "dflash": {"layer_ids": [3, 15]}},
+    )
+    assert "layer_ids" not in cfglib.result_config(both, "train", method="dflash")["extract"]
+
+
+def test_a_train_job_holds_its_servers_gpus():
+    cuda = {"vllm": {"device": "cuda", "tensor_parallel_size": 4}}
+    assert cfglib.stage_gpus(default_config(**cuda), "train") == 4
+    on = default_config(**cuda, extract={"mode": "online", "servers": 2})
+    assert cfglib.stage_gpus(on, "train") == 4 + 2 * 4
+    assert cfglib.stage_gpus(on, "extract") == 0
+    remote = default_config(**cuda, extract={"mode": "online", "endpoints": ["http://n:8000/v1"]})
+    assert cfglib.stage_gpus(remote, "train") == 4
+
+
+@pytest.mark.parametrize(
+    "extract, message",
+    [
+        ({"endpoints": ["node:8000"]}, "extract.endpoints"),
+        ({"mode": "cached"}, "extract.mode"),
+        ({"hybrid_disk_gib": -1}, "extract.hybrid_disk_gib"),
+    ],
+)
+def test_bad_online_settings_name_their_key(extract, message):
+    with pytest.raises(cfglib.ConfigError, match=message.replace(".", r"\.")):
+        default_config(extract=extract)
+
+
+def test_the_plan_shows_every_modes_disk_gpus_and_time(tmp_path):
+    cfg = default_config(
+        vllm={"device": "cuda", "tensor_parallel_size": 2, "gpu_memory_gib": 80},
+        train={"gpus": 2, "num_workers": 3, "epochs": 4},
+        extract={"mode": "hybrid", "hybrid_disk_gib": 0.1},
+    )
+    plan = planlib.make_plan(cfg, tmp_path / "run")
+    modes = plan["modes"]
+    largest = planlib.sample_bytes(cfg["prepare"]["seq_length"], 4, 576, "bf16")
+    assert modes["stored"]["disk_bytes"] == plan["disk"]["bytes_by_storage"]["bf16"]
+    in_flight = 2 * 3 * largest  # 2 processes x 3 DataLoader workers, a sample each
+    assert modes["online"]["disk_bytes"] == in_flight
+    assert modes["hybrid"]["disk_bytes"] == in_flight + int(0.1 * GIB)
+    assert modes["online"]["train_gpus"] == {"trainer": 2, "servers": 2}
+    assert modes["online"]["extraction_passes"] == 4
+    assert 1 < modes["hybrid"]["extraction_passes"] < 4
+    # the stage table: no extract stage, the train job with its server's GPUs
+    assert "extract" not in plan["stages"] and plan["stages"]["train"]["gpus_per_job"] == 4
+    assert plan["disk"]["hidden_state_bytes"] == modes["hybrid"]["disk_bytes"]
+    text = planlib.format_plan(plan)
+    assert "hybrid  " in text and "4 (2 trainer + 2 servers)" in text
+
+
+def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypatch):
+    monkeypatch.setattr(planlib, "free_bytes", lambda path: (GIB // 4, tmp_path))
+    cfg = default_config(extract={"mode": "hybrid", "hybrid_disk_gib": 5})
+    (problem,) = [p for p in planlib.make_plan(cfg, tmp_path)["problems"] if p["check"] == "disk"]
+    assert "extract.hybrid_disk_gib" in problem["message"]
+    cfg = default_config(extract={"mode": "online"})
+    assert not [p for p in planlib.make_plan(cfg, tmp_path)["problems"] if p["check"] == "disk"]
+
+
+def test_the_extraction_server_script_serves_what_the_train_job_reads(tmp_path, target_json):
+    """scripts/extraction_server.py --print: the run's target with the pipeline's connector,
+    the layers its drafter trains on, writing under --staging, listening beyond this host."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    from conftest import REPO
+
+    run = tmp_path / "results" / "default"
+    (run / "target").mkdir(parents=True)
+    shutil.copy(target_json, run / "target" / "target.json")
+    config = tmp_path / "my.yaml"
+    config.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results")}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/extraction_server.py"),
+            "--configfile",
+            str(REPO / "config/config.yaml"),
+            str(config),
+            "--staging",
+            str(tmp_path / "staging"),
+            "--port",
+            "8123",
+            "--print",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    args = out.split()
+    assert args[args.index("--host") + 1] == "0.0.0.0" and args[args.index("--port") + 1] == "8123"
+    spec = json.loads(out[out.index("--speculative-config") :].split("'")[1])
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        2,
+        15,
+        27,
+        30,
+    ]
+    kv = json.loads(out[out.index("--kv-transfer-config") :].split("'")[1])
+    assert kv["kv_connector"] == "PipelineHiddenStatesConnector"
+    assert kv["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "staging")
+    assert not (tmp_path / "staging").exists()  # --print starts nothing
+    elsewhere = tmp_path / "elsewhere"  # no results/ here: the target stage has not run
+    elsewhere.mkdir()
+    missing = subprocess.run(
+        [sys.executable, str(REPO / "scripts/extraction_server.py"), "--staging", "s", "--print"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and "run the target stage first" in missing.stderr
