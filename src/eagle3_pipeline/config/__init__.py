@@ -17,6 +17,7 @@ from .checks import (
     check_semantics,
     method_problems,
     moved_key_problems,
+    notes,
     resolve_train_gpus,
     variant_problems,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "method_of",
     "method_problems",
     "moved_key_problems",
+    "notes",
     "prompt_files",
     "resolve_train_gpus",
     "result_config",
