@@ -178,6 +178,30 @@ def test_turns_after_one_without_a_usable_answer_are_skipped(status, content, re
     assert w.skipped == {"sharegpt:A.t2": reason, "sharegpt:A.t3": reason}
 
 
+@pytest.mark.parametrize(
+    "template", sorted(p.name for p in (Path(__file__).parent / "data/templates").glob("*.jinja"))
+)
+def test_thinking_templates_render_no_reasoning_of_an_earlier_turn(template, tokenizer):
+    """Why an earlier answer goes back as its content alone: the templates of Qwen3,
+    DeepSeek-R1 and Kimi-K2-Thinking render a turn before the last user message the same
+    with or without its reasoning (dropped, or an empty thinking block)."""
+    from eagle3_pipeline.target.chat import render_text
+
+    text = (Path(__file__).parent / "data" / "templates" / template).read_text()
+    thought = {**assistant("It is 4."), "reasoning_content": "Two and two make four."}
+    rendered = [
+        render_text(
+            tokenizer,
+            [user("2 + 2?"), turn, user("And 3 + 3?")],
+            {},
+            add_generation_prompt=True,
+            chat_template=text,
+        )
+        for turn in (thought, assistant("It is 4."))
+    ]
+    assert rendered[0] == rendered[1] and "Two and two" not in rendered[0]
+
+
 # ---- the order requests go out in (a stand-in server) ------------------------------------------
 
 
