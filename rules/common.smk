@@ -56,6 +56,9 @@ RUN = cfglib.run_dir(config)
 PLAN = planlib.make_plan(config, RUN) if workflow.is_main_process else None
 if PLAN is not None:
     print(planlib.format_plan(PLAN), file=sys.stderr)
+    # what a valid config does that may not be meant (config.notes); nothing stops
+    for note in cfglib.notes(config):
+        print(f"NOTE: {note}", file=sys.stderr)
 
 
 wildcard_constraints:

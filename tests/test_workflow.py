@@ -448,6 +448,21 @@ def test_another_number_of_synth_jobs_replans_the_parts_and_their_gather(done_co
     assert jobs["synth_gather"].startswith(("Input files updated", "Missing input", "Set of input"))
 
 
+def test_the_synth_context_replans_synth_and_downstream_and_notes_a_pool_of_single_turns(
+    done_copy,
+):
+    """synth.context changes the messages sent and how prompts fall into parts: synth and
+    everything after it re-run, the prompts do not. At its default it is not in the params
+    (test_nothing_to_do_after_a_complete_run: a finished run stays finished). The default pool
+    has single turns only, which on_policy asks the same: the plan says so, and runs."""
+    jobs = rerun_plan(done_copy, "--config", "synth={context: on_policy}")
+    assert set(jobs) == downstream({"synth"})
+    assert jobs["synth"].startswith("Params have changed since last execution")
+    assert "'context': 'on_policy'" in jobs["synth"]
+    out = snakemake("-n", "--config", "synth={context: on_policy}", repo=done_copy).output
+    assert "NOTE: config key `synth.context`: on_policy changes no request here" in out
+
+
 def test_params_change_replans_that_stage_and_downstream(done_copy):
     jobs = rerun_plan(done_copy, "--config", "train={epochs: 7}")
     assert set(jobs) == {"train", "bench", "report", "all"}

@@ -17,6 +17,7 @@ from .checks import (
     check_semantics,
     method_problems,
     moved_key_problems,
+    notes,
     resolve_train_gpus,
     variant_problems,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "method_of",
     "method_problems",
     "moved_key_problems",
+    "notes",
     "online_server_gpus",
     "prompt_files",
     "resolve_train_gpus",

@@ -149,6 +149,22 @@ def check_semantics(cfg: dict) -> list[str]:
     return problems
 
 
+def notes(cfg: dict) -> list[str]:
+    """What a valid config does that its writer may not expect: a readable line each, naming
+    its key (the workflow prints them before any job; none stops a run)."""
+    out = []
+    keeps_turns = any(
+        src.get("multi_turn") or src.get("each_turn") for src in cfg["prompts"]["train"]
+    )
+    if cfg["synth"]["context"] == "on_policy" and not keeps_turns:
+        out.append(
+            "config key `synth.context`: on_policy changes no request here: no prompts.train "
+            "source keeps a conversation's earlier turns (multi_turn or each_turn), so every "
+            "prompt is one user turn, asked the same in either context"
+        )
+    return out
+
+
 def synth_split_problems(cfg: dict) -> list[str]:
     """More synth jobs than prompts (each job past them would start a server for nothing),
     and servers sharing a GPU at a tensor-parallel size above 1."""

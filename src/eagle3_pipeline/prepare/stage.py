@@ -10,8 +10,9 @@ repeats an n-gram of its own: see :func:`loop_start`). Only the completion is tr
 one part of the sequence the target model generated itself. In a multi-turn record the stored
 prompt also holds earlier assistant turns, but those came from the prompt source (a data set), not
 from the target, so they are context, never training targets - training on them would teach the
-drafter to predict some other model's answers. System and user turns and the chat template tokens
-are context for the same reason.
+drafter to predict some other model's answers. (With ``synth.context: on_policy`` they are the
+target's own earlier answers, trained in the records of their own turns where the pool has
+them.) System and user turns and the chat template tokens are context for the same reason.
 
 A row is dropped, and counted by reason in ``stats.json``, when it is malformed (see
 :func:`check_record`) or when no trainable token survives truncation (the prompt alone fills

@@ -74,9 +74,11 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     # One job per part of the prompts (synth.jobs of them): which prompts a part answers
     # depends on the number of parts; what an answer is does not (synth.stage.JOURNAL_KEYS).
-    "synth": (*SYNTH_ANSWER_KEYS, "synth.jobs"),
+    # synth.context decides the messages sent (the prompt source's assistant turns or the
+    # target's own) and how prompts fall into parts (by conversation when on_policy).
+    "synth": (*SYNTH_ANSWER_KEYS, "synth.context", "synth.jobs"),
     # The merged answers and their check: the same whatever the number of parts.
-    "synth_gather": SYNTH_ANSWER_KEYS,
+    "synth_gather": (*SYNTH_ANSWER_KEYS, "synth.context"),
     "prepare": ("prepare.seq_length", "prepare.cut_loops", "prompts.seed"),
     "vocab": ("vocab.draft_vocab_size", "vocab.target_coverage"),
     "extract": (
@@ -219,6 +221,11 @@ def result_config(
             # variables keeps the params it had
             if bench_chat_template_kwargs(cfg):
                 node[name] = bench_chat_template_kwargs(cfg)
+        elif key == "synth.context":
+            # absent at its default (the prompt source's own turns), so a run from before the
+            # key keeps its params
+            if cfg["synth"]["context"] != "dataset":
+                node[name] = cfg["synth"]["context"]
         elif key == "bench.speculative_config":
             # absent when empty, as chat_template_kwargs: older runs keep their params
             if cfg["bench"]["speculative_config"]:

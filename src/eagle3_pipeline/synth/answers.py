@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 
 # What every answer depends on: the result-determining keys of the merged answers, except
 # max_model_len, which only decides which prompts are rejected (recorded per rejection, see
-# settled()).
-JOURNAL_KEYS = tuple(k for k in RESULT_KEYS["synth_gather"] if k != "vllm.max_model_len")
+# settled()), and synth.context, which only decides the messages sent: an answer is keyed by
+# them (prompt_key), so a first turn, asked alike in either context, is answered once.
+JOURNAL_KEYS = tuple(
+    k for k in RESULT_KEYS["synth_gather"] if k not in ("vllm.max_model_len", "synth.context")
+)
 # Bump when a change alters what a journaled answer holds for the same prompt and settings (how
 # a request is built or a response is read): every answer is then asked for again.
 ANSWER_FORMAT = 1
@@ -69,30 +72,44 @@ def part_of(prompt_id: str, parts: int) -> int:
     return int(hashlib.sha256(prompt_id.encode()).hexdigest()[:8], 16) % parts
 
 
+def entry_key(prompt: dict) -> tuple[str, str]:
+    """Where a prompt's entries are found: its id and :func:`prompt_key`."""
+    return prompt["id"], prompt_key(prompt)
+
+
+def best_entries(entries: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per (prompt id, key), the entry that counts: an answer over a rejection over a failure,
+    the later of equals."""
+    out: dict[tuple[str, str], dict] = {}
+    for e in entries:
+        if e.get("key") is None:
+            continue
+        held = out.get((e["id"], e["key"]))
+        if held is None or STATUS_RANK.get(e["status"], 0) >= STATUS_RANK.get(held["status"], 0):
+            out[e["id"], e["key"]] = e
+    return out
+
+
 def current(entries: list[dict], prompts: list[dict]) -> dict[str, dict]:
     """Per prompt id, the entry that counts among those made for the prompt as it is now (an
     entry for an earlier version of an edited prompt does not count): an answer over a
     rejection over a failure, the later of equals."""
-    keys = {p["id"]: prompt_key(p) for p in prompts}
-    out: dict[str, dict] = {}
-    for e in entries:
-        if e.get("key") is None or keys.get(e["id"]) != e["key"]:
-            continue
-        held = out.get(e["id"])
-        if held is None or STATUS_RANK.get(e["status"], 0) >= STATUS_RANK.get(held["status"], 0):
-            out[e["id"]] = e
-    return out
+    best = best_entries(entries)
+    found = ((p["id"], best.get(entry_key(p))) for p in prompts)
+    return {pid: e for pid, e in found if e is not None}
+
+
+def is_settled(entry: dict, max_model_len: int) -> bool:
+    """Needs no new request: an answer, or a rejection made under the same ``max_model_len``
+    (a longer context may accept the prompt)."""
+    return entry["status"] == "ok" or (
+        entry["status"] == "rejected" and entry.get("max_model_len") == max_model_len
+    )
 
 
 def settled(entries: list[dict], prompts: list[dict], max_model_len: int) -> dict[str, dict]:
-    """Entries that need no new request: answers, and rejections made under the same
-    ``max_model_len`` (a longer context may accept the prompt)."""
-    return {
-        pid: e
-        for pid, e in current(entries, prompts).items()
-        if e["status"] == "ok"
-        or (e["status"] == "rejected" and e.get("max_model_len") == max_model_len)
-    }
+    """Entries that need no new request (:func:`is_settled`)."""
+    return {pid: e for pid, e in current(entries, prompts).items() if is_settled(e, max_model_len)}
 
 
 class AnswerStore:

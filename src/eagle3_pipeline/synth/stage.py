@@ -13,6 +13,11 @@ into one output in the prompt pool's order, whatever the number of parts, and ch
 A part answers only the prompts without an answer under their current key, so a killed job
 loses at most its in-flight requests, a failed part costs only its own prompts, and changing
 the number of parts or adding prompts asks only for what has no answer yet.
+
+With ``synth.context: on_policy`` a part answers whole conversations instead of prompts, each
+turn with the target's own earlier answers as its context (:mod:`.conversations`,
+:func:`generate_on_policy`); the records carry the messages as asked, so the check and the
+stages after synth read them as any other.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +50,18 @@ from ..stats import percentiles
 from ..target.chat import load_tokenizer
 from ..target.stage import chat_template_text, load_info
 from . import check as reasoning
-from .answers import AnswerStore, current, fingerprint, part_of, prompt_key, settled
+from .answers import (
+    AnswerStore,
+    best_entries,
+    current,
+    entry_key,
+    fingerprint,
+    is_settled,
+    part_of,
+    prompt_key,
+    settled,
+)
+from .conversations import Conversation, ConversationError, conversations, resolve, walk
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +148,82 @@ async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
     return parse_response(prompt, data, time.monotonic() - t0)
 
 
+def journaling_asker(
+    cfg: dict, journal: AppendLog, progress: Progress, max_model_len: int | None, outcome: Counter
+):
+    """``ask(client, endpoint, prompt) -> entry``: one request, its outcome journaled as it
+    arrives under the prompt's key (a rejection also records the ``max_model_len`` it
+    happened under) and counted in ``outcome``. Raises SynthError once so many requests in a
+    row failed that the endpoint must be down."""
+    consecutive_transient = 0
+
+    async def ask(client, endpoint: Endpoint, prompt: dict) -> dict:
+        nonlocal consecutive_transient
+        key = prompt_key(prompt)
+        try:
+            rec = await answer(client, endpoint, prompt, cfg)
+        except Rejected as e:
+            entry = {
+                "status": "rejected",
+                "id": prompt["id"],
+                "key": key,
+                "max_model_len": max_model_len,
+                "error": str(e),
+            }
+            journal.append(entry)
+            outcome["rejected"] += 1
+            progress.update(1)
+            return entry
+        except Transient as e:
+            entry = {"status": "failed", "id": prompt["id"], "key": key, "error": str(e)}
+            journal.append(entry)
+            outcome["failed"] += 1
+            consecutive_transient += 1
+            progress.update(1)
+            if consecutive_transient >= max(8, cfg["concurrency"]):
+                raise SynthError(
+                    f"{consecutive_transient} requests in a row failed "
+                    f"(last: {e}); is the endpoint {endpoint.base_url} up?"
+                ) from e
+            return entry
+        entry = {"status": "ok", "key": key, **rec}
+        journal.append(entry)
+        outcome["ok"] += 1
+        outcome["completion_tokens"] += len(rec["completion_token_ids"])
+        consecutive_transient = 0
+        progress.update(1, extra=len(rec["completion_token_ids"]))
+        return entry
+
+    return ask
+
+
+async def over_slots(endpoints: list[Endpoint], items, work, cfg: dict, transport: str) -> None:
+    """``await work(client, endpoint, item)`` for every item, ``synth.concurrency`` at a time
+    per endpoint: each item goes to the next free slot of any endpoint, so a faster server
+    does more."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                client_lib.async_client(
+                    e.base_url,
+                    api_key=e.api_key,
+                    timeout=cfg["request_timeout_s"],
+                    max_retries=cfg["retries"],
+                    transport=transport,
+                )
+            )
+            for e in endpoints
+        ]
+        pending = iter(items)  # one shared iterator: each item goes to exactly one slot
+
+        async def slot(i: int) -> None:
+            for item in pending:
+                await work(clients[i], endpoints[i], item)
+
+        slots = [i for _ in range(cfg["concurrency"]) for i in range(len(endpoints))]
+        await for_each(slots, slot, len(slots))
+
+
 async def generate(
     endpoints: Endpoint | list[Endpoint],
     prompts: list[dict],
@@ -148,62 +241,50 @@ async def generate(
     if isinstance(endpoints, Endpoint):
         endpoints = [endpoints]
     outcome: Counter = Counter()
-    consecutive_transient = 0
+    ask = journaling_asker(cfg, journal, progress, max_model_len, outcome)
+    await over_slots(endpoints, prompts, ask, cfg, transport)
+    return outcome
 
-    async def one(client, endpoint: Endpoint, prompt: dict) -> None:
-        nonlocal consecutive_transient
-        key = prompt_key(prompt)
-        try:
-            rec = await answer(client, endpoint, prompt, cfg)
-            journal.append({"status": "ok", "key": key, **rec})
-            outcome["ok"] += 1
-            outcome["completion_tokens"] += len(rec["completion_token_ids"])
-            consecutive_transient = 0
-            progress.update(1, extra=len(rec["completion_token_ids"]))
-        except Rejected as e:
-            journal.append(
-                {
-                    "status": "rejected",
-                    "id": prompt["id"],
-                    "key": key,
-                    "max_model_len": max_model_len,
-                    "error": str(e),
-                }
-            )
-            outcome["rejected"] += 1
-            progress.update(1)
-        except Transient as e:
-            journal.append({"status": "failed", "id": prompt["id"], "key": key, "error": str(e)})
-            outcome["failed"] += 1
-            consecutive_transient += 1
-            progress.update(1)
-            if consecutive_transient >= max(8, cfg["concurrency"]):
-                raise SynthError(
-                    f"{consecutive_transient} requests in a row failed "
-                    f"(last: {e}); is the endpoint {endpoint.base_url} up?"
-                ) from e
 
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                client_lib.async_client(
-                    e.base_url,
-                    api_key=e.api_key,
-                    timeout=cfg["request_timeout_s"],
-                    max_retries=cfg["retries"],
-                    transport=transport,
-                )
-            )
-            for e in endpoints
-        ]
-        pending = iter(prompts)  # one shared iterator: each prompt goes to exactly one slot
+async def generate_on_policy(
+    endpoints: Endpoint | list[Endpoint],
+    convs: list[Conversation],
+    cfg: dict,
+    journal: AppendLog,
+    progress: Progress,
+    known: dict[tuple[str, str], dict],
+    max_model_len: int | None = None,
+    transport: str = "aiohttp",
+) -> Counter:
+    """Answer the turns of ``convs`` that have no entry in ``known`` (per
+    :func:`.answers.entry_key`, the entries that need no new request), each conversation's in
+    order and each turn asked only once the one before it is journaled, with the answers
+    before it as its context (:func:`.conversations.walk`). Conversations run side by side,
+    ``synth.concurrency`` per endpoint, those with the most turns to go first (the last one to
+    start sets the stage's end). Every entry this run makes is added to ``known``: a turn
+    that failed is not asked again in the same run, and the turns after it are skipped
+    (counted as ``skipped`` turns, context-only ones included)."""
+    if isinstance(endpoints, Endpoint):
+        endpoints = [endpoints]
+    outcome: Counter = Counter()
+    ask = journaling_asker(cfg, journal, progress, max_model_len, outcome)
 
-        async def slot(i: int) -> None:
-            for prompt in pending:
-                await one(clients[i], endpoints[i], prompt)
+    def entry_of(prompt: dict) -> dict | None:
+        return known.get(entry_key(prompt))
 
-        slots = [i for _ in range(cfg["concurrency"]) for i in range(len(endpoints))]
-        await for_each(slots, slot, len(slots))
+    async def converse(client, endpoint: Endpoint, conv: Conversation) -> None:
+        while True:
+            w = walk(conv, entry_of)
+            if w.next is None:
+                outcome["skipped"] += len(w.skipped)
+                progress.update(len(w.skipped))
+                return
+            entry = await ask(client, endpoint, w.next)
+            known[entry["id"], entry["key"]] = entry
+
+    to_go = {c.id: len(c.turns) - len(walk(c, entry_of).asked) + 1 for c in convs}
+    ordered = sorted(convs, key=lambda c: -to_go[c.id])  # stable: pool order among equals
+    await over_slots(endpoints, ordered, converse, cfg, transport)
     return outcome
 
 
@@ -260,13 +341,76 @@ def read_prompts(prompts_path) -> list[dict]:
     return prompts
 
 
-def answer_counts(entries: list[dict], prompts: list[dict]) -> tuple[Counter, Counter]:
-    """Per status, how many of ``prompts`` have that entry last ("missing": none); per error
-    kind, how many of those without an answer failed with it."""
-    last = current(entries, prompts)
-    status = Counter(last[p["id"]]["status"] if p["id"] in last else "missing" for p in prompts)
-    errors = Counter(e["error"].split(":")[0] for e in last.values() if e["status"] != "ok")
+def on_policy(cfg: dict) -> bool:
+    """Whether the context of a multi-turn prompt is the target's own answers
+    (``synth.context``)."""
+    return cfg.get("context", "dataset") == "on_policy"
+
+
+def pool_conversations(prompts: list[dict]) -> list[Conversation]:
+    try:
+        return conversations(prompts)
+    except ConversationError as e:
+        raise SynthError(f"synth.context on_policy: {e}") from e
+
+
+def outcomes(prompts: list[dict], entries: list[dict], cfg: dict) -> tuple[dict, dict]:
+    """Per prompt id, the entry that counts for the prompt as synth asks it (on_policy: with
+    the target's earlier answers as its context, for each turn whose earlier turns have
+    theirs; context-only turns included), and per prompt id, why an on-policy turn was not
+    asked (:data:`.conversations.SKIPPED_AFTER`)."""
+    if not on_policy(cfg):
+        return current(entries, prompts), {}
+    best = best_entries(entries)
+    asked, skipped = resolve(pool_conversations(prompts), lambda p: best.get(entry_key(p)))
+    return current(entries, asked), skipped
+
+
+def answer_counts(
+    last: dict[str, dict], prompts: list[dict], skipped: dict[str, str] | None = None
+) -> tuple[Counter, Counter]:
+    """Per status, how many of ``prompts`` have that entry last (``last``: per prompt id, the
+    entry that counts) - "missing": none, or the reason it was skipped (``skipped``); per
+    error kind, how many of those without an answer failed with it."""
+    skipped = skipped or {}
+    found = [(p["id"], last.get(p["id"])) for p in prompts]
+    status = Counter(e["status"] if e else skipped.get(pid, "missing") for pid, e in found)
+    errors = Counter(e["error"].split(":")[0] for _, e in found if e and e["status"] != "ok")
     return status, errors
+
+
+@dataclass
+class PartWork:
+    """What a part has to do: its prompts of the pool and the requests they take."""
+
+    mine: list[dict]  # the pool's prompts the part answers
+    todo: list  # prompts without an answer, or (on_policy) conversations with a turn to ask
+    requests: int  # requests the part's prompts take (on_policy: every turn, context included)
+    reused: int  # of them, those answered (or rejected at this max_model_len) before
+    skipped: int  # on_policy: turns not asked, after an earlier turn without a usable answer
+    known: dict  # on_policy: the entries that need no new request, by answers.entry_key
+
+
+def part_work(prompts, entries, part: int, parts: int, cfg: dict, max_model_len) -> PartWork:
+    """The prompts of part ``part`` of ``parts`` (on_policy: the turns of its conversations,
+    a conversation's part chosen by its id) and which of them need a request."""
+    if not on_policy(cfg):
+        mine = [p for p in prompts if part_of(p["id"], parts) == part]
+        done = settled(entries, mine, max_model_len)
+        todo = [p for p in mine if p["id"] not in done]
+        return PartWork(mine, todo, len(mine), len(done), 0, {})
+    convs = [c for c in pool_conversations(prompts) if part_of(c.id, parts) == part]
+    samples = {t.id for c in convs for t in c.turns if t.sample}
+    known = {k: e for k, e in best_entries(entries).items() if is_settled(e, max_model_len)}
+    walks = [walk(c, lambda p: known.get(entry_key(p))) for c in convs]
+    return PartWork(
+        mine=[p for p in prompts if p["id"] in samples],
+        todo=[c for c, w in zip(convs, walks, strict=True) if w.next is not None],
+        requests=sum(len(c.turns) for c in convs),
+        reused=sum(len(w.asked) - (w.next is not None) for w in walks),
+        skipped=sum(len(w.skipped) for w in walks),
+        known=known,
+    )
 
 
 def check_failed_fraction(status: Counter, errors: Counter, n: int, cfg: dict, what: str):
@@ -294,12 +438,11 @@ def run_part(
     that have no answer yet, then write the part's manifest (last, atomically)."""
     target = load_info(target_json)
     prompts = read_prompts(prompts_path)
-    mine = [p for p in prompts if part_of(p["id"], parts) == part]
     check_tools(target, cfg)  # a parser the check cannot use fails now, not after the answers
     store = AnswerStore(work_dir, fingerprint(target, cfg, vllm_cfg))
     max_model_len = vllm_cfg["max_model_len"]
-    done = settled(store.read(), mine, max_model_len)
-    todo = [p for p in mine if p["id"] not in done]
+    work = part_work(prompts, store.read(), part, parts, cfg, max_model_len)
+    mine, todo = work.mine, work.todo
     if not mine:
         log.warning(
             "synth part %d of %d has no prompts (%d prompts over %d parts): nothing to answer; "
@@ -310,29 +453,40 @@ def run_part(
             parts,
         )
     log.info(
-        "synth part %d of %d: %d of %d prompts, %d already answered, %d to go",
+        "synth part %d of %d: %d of %d prompts, %d requests (%s), %d already answered, %d to go",
         part,
         parts,
         len(mine),
         len(prompts),
-        len(done),
-        len(todo),
+        work.requests,
+        "turns of conversations, context on-policy" if on_policy(cfg) else "one each",
+        work.reused,
+        work.requests - work.reused - work.skipped,
     )
     t0 = time.monotonic()
     outcome: Counter = Counter()
     journal = store.journal(part, parts)
     try:
         if todo:
-            progress = Progress(len(mine), f"synth part {part}", unit="samples", done=len(done))
+            progress = Progress(
+                work.requests,
+                f"synth part {part}",
+                unit="requests" if on_policy(cfg) else "samples",
+                done=work.reused + work.skipped,
+            )
             with open_endpoints(cfg, vllm_cfg, target, log_path) as endpoints:
-                outcome = asyncio.run(
-                    generate(endpoints, todo, cfg, journal, progress, max_model_len)
-                )
+                if on_policy(cfg):
+                    asking = generate_on_policy(
+                        endpoints, todo, cfg, journal, progress, work.known, max_model_len
+                    )
+                else:
+                    asking = generate(endpoints, todo, cfg, journal, progress, max_model_len)
+                outcome = asyncio.run(asking)
     except ServerError as e:
-        kept = len(settled(store.read(), mine, max_model_len))
+        kept = part_work(prompts, store.read(), part, parts, cfg, max_model_len).reused
         raise SynthError(
-            f"the vLLM server died mid-run; {kept} of {len(mine)} answers of part {part} are "
-            f"kept in {store.dir} and a re-run resumes from them.\n{e}"
+            f"the vLLM server died mid-run; {kept} of {work.requests} answers of part {part} "
+            f"are kept in {store.dir} and a re-run resumes from them.\n{e}"
         ) from e
     finally:
         journal.close()
@@ -347,18 +501,22 @@ def run_part(
                 "elapsed_s": round(elapsed, 2),
             },
         )
-    status, errors = answer_counts(store.read(), mine)
+    # (a conversation's rows are all in its part: the part's own prompts resolve alike)
+    last, skipped = outcomes(mine, store.read(), cfg)
+    status, errors = answer_counts(last, mine, skipped)
     check_failed_fraction(status, errors, len(mine), cfg, f"prompts of part {part}")
     manifest = {
         "part": part,
         "parts": parts,
         "prompts": len(mine),
         "status": dict(status),
+        "context": cfg.get("context", "dataset"),
+        "requests": work.requests,
         "fingerprint": store.fingerprint,
         "this_run": {
             "server_started": bool(todo) and not cfg["endpoint"],
             "servers": cfg["servers_per_gpu"] if todo and not cfg["endpoint"] else 0,
-            "reused": len(done),
+            "reused": work.reused,
             "answered": outcome["ok"],
             "rejected": outcome["rejected"],
             "failed": outcome["failed"],
@@ -445,6 +603,23 @@ def run(
     )
 
 
+def on_policy_stats(prompts: list[dict], last: dict[str, dict], skipped: dict[str, str]) -> dict:
+    """The conversations behind the on-policy records: their turns, those asked only as
+    context for later ones (not in the pool) and how many of those have an answer, and the
+    turns skipped after an earlier one without a usable answer, by reason."""
+    convs = pool_conversations(prompts)
+    context_only = [t.id for c in convs for t in c.turns if not t.sample]
+    return {
+        "conversations": len(convs),
+        "turns": sum(len(c.turns) for c in convs),
+        "context_only_turns": len(context_only),
+        "context_only_answered": sum(
+            1 for t in context_only if t in last and last[t]["status"] == "ok"
+        ),
+        "turns_skipped": dict(Counter(skipped.values())),
+    }
+
+
 def check_tools(target: dict, cfg: dict):
     """The tokenizer the check renders with, and the markers of ``synth.reasoning_parser``
     (None without one) from the installed vLLM's parser."""
@@ -476,9 +651,9 @@ def finalize(
 
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
-    last = current(entries, prompts)
+    last, skipped = outcomes(prompts, entries, cfg)
     n = len(prompts)
-    status, errors = answer_counts(entries, prompts)
+    status, errors = answer_counts(last, prompts, skipped)
     check_failed_fraction(status, errors, n, cfg, "prompts")
 
     tokenizer, markers = check_tools(target, cfg)
@@ -561,6 +736,8 @@ def finalize(
                 {k: cfg[k] for k in sorted(cfg)}, inputs={"prompts": prompts_path}
             ),
         }
+        if on_policy(cfg):
+            stats["on_policy"] = on_policy_stats(prompts, last, skipped)
         if written and text_mismatches / written > cfg["max_template_mismatch_fraction"]:
             raise SynthError(
                 reasoning.failure_message(
