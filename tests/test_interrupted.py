@@ -4,6 +4,7 @@ same metadata records as the pipeline's, without its stages."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,7 @@ from pathlib import Path
 from eagle3_pipeline.staleness.interrupted import interrupted_outputs, metadata_records
 
 REPO = Path(__file__).resolve().parents[1]
-SNAKEFILE = f"""
-import sys
-sys.path.insert(0, {str(REPO / "src")!r})
+SNAKEFILE = """
 from eagle3_pipeline.staleness.interrupted import interrupted_targets
 
 rule all:
@@ -21,15 +20,15 @@ rule all:
 rule a:
     output: "a.txt"
     params: value=config.get("value", 1)
-    shell: "test {{params.value}} != fail && echo {{params.value}} > {{output}}"
+    shell: "test {params.value} != fail && echo {params.value} > {output}"
 rule b:
     input: "a.txt"
     output: "b.txt"
-    shell: "cat {{input}} > {{output}}"
+    shell: "cat {input} > {output}"
 rule c:
     input: "b.txt"
     output: "c.txt"
-    shell: "cat {{input}} > {{output}}"
+    shell: "cat {input} > {output}"
 """
 
 
@@ -37,6 +36,7 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(Path(sys.executable).parent / "snakemake"), "--cores", "1", *args],
         cwd=workdir,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
         capture_output=True,
         text=True,
     )
