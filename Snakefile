@@ -18,6 +18,7 @@ rule all:
     default_target: True
     input:
         final_targets(),
+        INTERRUPTED,
 
 
 include: "rules/target.smk"

@@ -43,6 +43,7 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.target.stage import defining_files
 from eagle3_pipeline.staleness.code import code_hash, logic_modules
+from eagle3_pipeline.staleness.interrupted import interrupted_targets
 
 try:
     cfglib.validate(config)
@@ -50,6 +51,11 @@ except cfglib.ConfigError as err:
     raise WorkflowError(str(err)) from None
 
 RUN = cfglib.run_dir(config)
+
+# Outputs that a failed or cancelled job removed while results made from them stay: Snakemake
+# alone would call those results current and rebuild nothing; the default target asks for
+# them again (staleness/interrupted.py).
+INTERRUPTED = interrupted_targets() if workflow.is_main_process else []
 
 # The plan (docs/plan.md): printed whenever the workflow is planned in the main process, dry
 # runs included; its problems stop a real run in onstart, before the first job.

@@ -439,6 +439,32 @@ def test_synth_jobs_are_parts_of_the_prompts_and_one_gather(tmp_path):
     assert gpus["synth_gather"] == 0
 
 
+def test_a_failed_train_job_is_run_again_with_what_follows(tmp_path_factory):
+    """A train job that failed after bench and report were made from the drafter it replaced
+    (Snakemake removed the drafter when the job started and recorded the job): the same command
+    again would find bench and report current and do nothing; the default target asks for the
+    drafter again (staleness/interrupted.py; the mechanism with real failing jobs:
+    tests/test_interrupted.py). An output deleted by hand forces nothing."""
+    import json
+    import time
+
+    repo = copy_repo(tmp_path_factory.mktemp("repo"))
+    mark_done(repo)
+    drafter = "results/default/drafter/eagle3/model.safetensors"
+    (repo / drafter).unlink()  # by hand: Snakemake's choice stands
+    assert "Nothing to be done" in snakemake("-n", repo=repo).output
+    # what a train job that starts (and then fails) leaves: its record, started now
+    meta = repo / ".snakemake" / "metadata"
+    for path in meta.rglob("*"):
+        if path.is_file():
+            data = json.loads(path.read_text())
+            if data.get("rule") == "train":
+                data["starttime"] = time.time()
+                path.write_text(json.dumps(data))
+    assert "rule(s) train run again" in snakemake("-n", repo=repo).output
+    assert {"train", "bench", "report"} <= {j.rule for j in plan(repo=repo)}
+
+
 def test_another_number_of_synth_jobs_replans_the_parts_and_their_gather(done_copy):
     """The parts' params carry synth.jobs (which prompts each answers); the merged answers do
     not depend on it, and every answer is found again (tests/test_synth_parts.py), so the
