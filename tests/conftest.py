@@ -97,12 +97,21 @@ def default_config(**overrides) -> dict:
     return cfglib.validate(cfglib.deep_update({}, overrides))
 
 
+CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
+
+
 def ci_snakemake(
-    workdir: Path, *args: str, slurm=None, timeout: int = 3600, background: bool = False
+    workdir: Path,
+    *args: str,
+    slurm=None,
+    timeout: int = 3600,
+    background: bool = False,
+    configfiles: tuple = (CI_CONFIG,),
 ):
-    """This checkout's workflow on the CI-sized config (tests/configs/ci.yaml) in ``workdir``;
-    with ``slurm`` (a LocalSlurm) through the Slurm profile, every job a Slurm job.
-    ``background``: the process, started (output to ``workdir``/snakemake.out)."""
+    """This checkout's workflow on the CI-sized config (tests/configs/ci.yaml, or
+    ``configfiles``) in ``workdir``; with ``slurm`` (a LocalSlurm) through the Slurm profile,
+    every job a Slurm job. ``background``: the process, started (output to
+    ``workdir``/snakemake.out)."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     cmd = [
         str(Path(sys.executable).parent / "snakemake"),
@@ -111,7 +120,7 @@ def ci_snakemake(
         "--directory",
         str(workdir),
         "--configfile",
-        str(REPO / "tests/configs/ci.yaml"),
+        *map(str, configfiles),
     ]
     if slurm is None:
         cmd += ["--cores", "2"]

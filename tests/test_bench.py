@@ -125,6 +125,12 @@ def test_untrained_drafter_is_announced_loudly(tmp_path):
     cfg = {"min_acceptance_length": 1.1, "min_measured_to_predicted": 0.5}
     verdict = bench_verdict.judge([run_row(1.01)], cfg)
     assert not verdict["ok"] and verdict["message"].startswith("DRAFTER NOT WORKING")
+    # a drafter that works on one set only (prompts it memorized) is named where it does not
+    memorized = bench_verdict.judge([run_row(1.9, prompt_set="mine"), run_row(1.01)], cfg)
+    assert memorized["message"].startswith(
+        "DRAFTER NOT WORKING: acceptance length 1.01 at concurrency 1 on mtbench < 1.1 (1 of 2 "
+        "measurements below;"
+    )
     assert not bench_verdict.judge([run_row(None, drafts=0)], cfg)["ok"]
     assert bench_verdict.judge([run_row(2.2)], cfg)["ok"]
     metrics = {

@@ -131,6 +131,8 @@ PROMPTS_BENCH = [f"prompts_bench[name={s['name']}]" for s in CI["prompts"]["benc
         ("max_tokens", 16, True, PROMPTS_BENCH),
         ("min_acceptance_length", 1.5, False, []),  # verdict thresholds
         ("min_measured_to_predicted", 0.3, False, []),
+        # the gate's floors re-judge (its measurements are cached: benchmarks/ and test_gate)
+        ("gate", {"floors": [{"prompt_set": "mybench", "acceptance_length": 1.0}]}, False, []),
     ],
 )
 def test_bench_keys(copy, tmp_path, key, value, baseline, sets):

@@ -30,6 +30,7 @@ from ..server import ServerError, VllmServer
 from ..stats import median
 from ..target.chat import context_limit
 from ..target.stage import load_info
+from . import gate as gate_lib
 from .cache import baseline_key, drafter_key, measure_cached
 from .measure import (
     BASELINE,
@@ -393,6 +394,8 @@ def run(
     # in float32 speculative decoding at T = 0 must give the target's own tokens
     exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
     verdict = judge(runs, cfg, cpu_sampling_fix, exact_outputs=exact)
+    gate_path = Path(metrics_out).with_name(gate_lib.GATE_FILE)
+    gate = gate_lib.judge(runs, gate_lib.floors_for(cfg.get("gate") or {}, name), gate_path)
     shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
@@ -406,6 +409,7 @@ def run(
         "runs": runs,
         "summary": summarize(runs),
         "verdict": verdict,
+        "gate": gate,
         "consistency": check,
         "served_with_shorter_block": shorter,
         "prediction": prediction,
@@ -417,4 +421,29 @@ def run(
     }
     write_json(metrics_out, metrics)
     (log.error if not verdict["ok"] else log.info)("%s verdict: %s", name, verdict["message"])
+    keep_gate(gate_path, gate, name, runs)
+    if gate is not None and not gate["passed"]:
+        raise BenchError(gate["message"])
     return metrics
+
+
+def keep_gate(path: Path, gate: dict | None, name: str, runs: list[dict]) -> None:
+    """Write the gate's checks and every measurement's acceptance to ``path``, beside the
+    metrics but not a declared output, so that they survive the job failing on the gate
+    (Snakemake deletes a failed job's outputs); without floors, remove an earlier one."""
+    if gate is None:
+        path.unlink(missing_ok=True)
+        return
+    (log.info if gate["passed"] else log.error)("%s: %s", name, gate["message"])
+    acceptance = ("acceptance_length", "per_position", "drafts")
+    write_json(
+        path,
+        {
+            "drafter": name,
+            **gate,
+            "acceptance": [
+                {k: r[k] for k in ("prompt_set", "k", "temperature", "concurrency", *acceptance)}
+                for r in runs
+            ],
+        },
+    )

@@ -244,11 +244,17 @@ def judge(
         )
     worst = min(taus)
     if worst < cfg["min_acceptance_length"]:
+        # where: a drafter can work on one set (prompts it was trained on) and not on another
+        w = min(
+            (r for r in runs if r["acceptance_length"] is not None),
+            key=lambda r: r["acceptance_length"],
+        )
+        below = sum(t < cfg["min_acceptance_length"] for t in taus)
         problems.append(
-            f"DRAFTER NOT WORKING: acceptance length {worst:.2f} < "
-            f"{cfg['min_acceptance_length']} (1.0 means every draft is rejected). Typical "
-            "causes: untrained or undertrained drafter, or a train/serve mismatch (layer ids, "
-            "vocab map, norms)."
+            f"DRAFTER NOT WORKING: acceptance length {worst:.2f} {_where(w, runs)} < "
+            f"{cfg['min_acceptance_length']} ({below} of {len(taus)} measurements below; 1.0 "
+            "means every draft is rejected). Typical causes: untrained or undertrained "
+            "drafter, or a train/serve mismatch (layer ids, vocab map, norms)."
         )
     for r in runs:
         pred, got = r.get("predicted_acceptance_length"), r["acceptance_length"]

@@ -146,6 +146,10 @@ def check_semantics(cfg: dict) -> list[str]:
         )
     problems += device_problems(cfg["train"])
     problems += method_problems(cfg)
+    # imported here: the bench package imports the config package
+    from ..bench.gate import config_problems as gate_problems
+
+    problems += gate_problems(cfg)
     return problems
 
 

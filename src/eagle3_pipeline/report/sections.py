@@ -73,6 +73,7 @@ def _benchmark(methods: dict[str, dict]) -> list:
         )
         blocks += [("banner", False, prefix + p) for p in verdict.get("problems", [])[1:]]
         blocks += [("p", prefix + note) for note in verdict.get("notes", [])]
+        blocks += _gate(prefix, m["bench"].get("gate"))
         for r in m["bench"].get("runs", []):
             ovb = r.get("outputs_vs_baseline")
             rows.append(
@@ -115,6 +116,33 @@ def _benchmark(methods: dict[str, dict]) -> list:
         ("img", "acceptance_per_position"),
         ("img", "throughput"),
     ]
+
+
+def _gate(prefix: str, gate: dict | None) -> list:
+    """The regression gate (bench.gate): its headline and every check against its floor. Only
+    a gate that passed reaches the report: a failed one fails the bench job."""
+    if not gate:
+        return []
+    rows = [
+        [
+            c["prompt_set"],
+            c["k"],
+            c["temperature"],
+            c["concurrency"],
+            c["what"],
+            _fmt(c["measured"]),
+            _fmt(c["floor"]),
+            "yes" if c["ok"] else "NO",
+        ]
+        for c in gate["checks"]
+    ]
+    header = ["prompt set", "k", "T", "conc.", "gate check", "measured", "floor", "passed"]
+    passed = sum(c["ok"] for c in gate["checks"])
+    headline = (
+        f"GATE {'PASSED' if gate['passed'] else 'FAILED'}: {passed} of {len(rows)} checks at "
+        "or above their floors (bench.gate)"
+    )
+    return [("banner", gate["passed"], prefix + headline), ("table", header, rows)]
 
 
 def _drafter_shape(train: dict) -> str:

@@ -125,6 +125,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.pairing",
         "bench.min_acceptance_length",
         "bench.min_measured_to_predicted",
+        "bench.gate",
         *BENCH_VLLM_KEYS,
     ),
     # the methods to put side by side (adding one adds its train and bench jobs)
@@ -193,7 +194,8 @@ def result_config(
     (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
     ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for ``train``,
     ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
-    ``bench``, ``bench.num_speculative_tokens`` is the list of ``method``."""
+    ``bench``, ``bench.num_speculative_tokens`` is the list of ``method`` and ``bench.gate``
+    holds the floors that judge it."""
     if rule == "train":
         own = methods.method_train_config(cfg["train"], method)
         out = {"train": sort_keys(copy.deepcopy(own))}
@@ -226,6 +228,13 @@ def result_config(
             # key keeps its params
             if cfg["synth"]["context"] != "dataset":
                 node[name] = cfg["synth"]["context"]
+        elif key == "bench.gate":
+            # the floors that judge this drafter, absent when none (a run without a gate keeps
+            # its params); imported here: the bench package imports this one
+            from ..bench.gate import floors_for
+
+            if floors_for(cfg["bench"]["gate"], method):
+                node[name] = {"floors": copy.deepcopy(floors_for(cfg["bench"]["gate"], method))}
         elif key == "bench.speculative_config":
             # absent when empty, as chat_template_kwargs: older runs keep their params
             if cfg["bench"]["speculative_config"]:
