@@ -31,9 +31,15 @@ from conftest import REPO, ci_snakemake
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the accounting as JSON here")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        help="run in this (new) directory and keep it, e.g. for benchmarks/gate_floor.py --work "
+        "(default: a temporary one)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp) / "run"
+        work = args.work or Path(tmp) / "run"
         shutil.copytree(REPO / "config", work / "config")
         shutil.copytree(REPO / "tests" / "data", work / "data")
         with LocalSlurm(
