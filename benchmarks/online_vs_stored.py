@@ -35,26 +35,32 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_lab.results import write_result
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
 class DiskPeak:
-    """The most bytes of hidden-state sample files seen at once, polled every ``interval`` s:
-    every file under the run's ``hidden_states/`` (shards, the extract jobs' staging) and under
-    each train job's ``train_work/<method>/online/`` (its servers' staging, hybrid's cache);
-    not the training checkpoints. Also the machine's load while it polls (other work on the
+    """The most bytes of one mode's hidden-state sample files seen at once, polled every
+    ``interval`` s: stored, every file under the run's ``hidden_states/`` (shards, the extract
+    jobs' staging); online, every file under each train job's ``train_work/<method>/online/``
+    (its servers' staging, hybrid's cache); not the training checkpoints. Also the machine's load while it polls (other work on the
     machine slows the run)."""
 
-    def __init__(self, run: Path, interval: float = 0.2):
-        self.run, self.interval = run, interval
+    def __init__(self, run: Path, mode: str, interval: float = 0.2):
+        self.run, self.mode, self.interval = run, mode, interval
         self.peak = self.samples = 0
         self.loads: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def roots(self) -> list[Path]:
-        return [self.run / "hidden_states", *self.run.glob("train_work/*/online")]
+        # Each mode's own files: the online run follows the stored one in the same directory,
+        # whose extract stage's shards stay there (no job of the online run touches them)
+        if self.mode == "stored":
+            return [self.run / "hidden_states"]
+        return list(self.run.glob("train_work/*/online"))
 
     def now(self) -> int:
         total = 0
@@ -152,7 +158,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
     }
     for mode in ("stored", "online"):
-        with DiskPeak(run) as disk:
+        with DiskPeak(run, mode) as disk:
             dag_s = snakemake(work, configs, "--config", f"extract={{mode: {mode}}}")
         extract_s = job_seconds(run, "extract_part") + job_seconds(run, "extract_gather")
         result[mode] = {
@@ -182,8 +188,7 @@ def main() -> None:
             k: round(o["acceptance_length"][k] - v, 6) for k, v in s["acceptance_length"].items()
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result["comparison"], indent=1))
 
 
