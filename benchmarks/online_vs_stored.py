@@ -45,8 +45,8 @@ class DiskPeak:
     """The most bytes of one mode's hidden-state sample files seen at once, polled every
     ``interval`` s: stored, every file under the run's ``hidden_states/`` (shards, the extract
     jobs' staging); online, every file under each train job's ``train_work/<method>/online/``
-    (its servers' staging, hybrid's cache); not the training checkpoints. Also the machine's load while it polls (other work on the
-    machine slows the run)."""
+    (its servers' staging, hybrid's cache); not the training checkpoints. Also the machine's
+    load while it polls (other work on the machine slows the run)."""
 
     def __init__(self, run: Path, mode: str, interval: float = 0.2):
         self.run, self.mode, self.interval = run, mode, interval
