@@ -108,15 +108,9 @@ def main() -> None:
         shutil.copytree(REPO / "config", work / "config", dirs_exist_ok=True)
         shutil.copytree(args.data, work / "data", dirs_exist_ok=True)
         if args.slurm:
-            from local_slurm import LocalSlurm
+            from local_slurm import ci_cluster
 
-            with LocalSlurm(
-                nodes=2,
-                gpus_per_node=8,
-                cpus_per_node=128,
-                mem_mb_per_node=1_000_000,
-                account="my_account",
-            ) as slurm:
+            with ci_cluster() as slurm:
                 seeds = measure_seeds(args, work, slurm)
         else:
             seeds = measure_seeds(args, work, None)

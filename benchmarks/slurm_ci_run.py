@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from local_slurm import LocalSlurm
+from local_slurm import ci_cluster
 
 from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime.provenance import package_versions as versions
@@ -42,13 +42,7 @@ def main() -> None:
         work = args.work or Path(tmp) / "run"
         shutil.copytree(REPO / "config", work / "config")
         shutil.copytree(REPO / "tests" / "data", work / "data")
-        with LocalSlurm(
-            nodes=2,
-            gpus_per_node=8,
-            cpus_per_node=128,
-            mem_mb_per_node=1_000_000,
-            account="my_account",
-        ) as slurm:
+        with ci_cluster() as slurm:
             load_before = os.getloadavg()
             t0 = time.monotonic()
             proc = ci_snakemake(work, slurm=slurm)

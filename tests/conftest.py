@@ -146,15 +146,9 @@ def slurm(tmp_path_factory):
     MariaDB, installed with apt-get when missing; tests/local_slurm.py): two nodes of 8
     GPU devices, 128 CPUs and 1 TB each as the Slurm profile's jobs ask for them (nothing is
     enforced), its partition and account, accounting for sacct."""
-    from local_slurm import LocalSlurm
+    from local_slurm import ci_cluster
 
-    cluster = LocalSlurm(
-        nodes=2,
-        gpus_per_node=8,
-        cpus_per_node=128,
-        mem_mb_per_node=1_000_000,
-        account="my_account",
-    )
+    cluster = ci_cluster()
     cluster.start(tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()

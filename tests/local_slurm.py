@@ -872,3 +872,16 @@ class LocalSlurm:
             ):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(p.name), signal.SIGKILL)
+
+
+def ci_cluster() -> LocalSlurm:
+    """The cluster the CI-sized run goes through (the tests' `slurm` fixture, and the benchmarks
+    that repeat that run): two nodes of 8 GPU devices, 128 CPUs and 1 TB each, as the Slurm
+    profile's jobs ask for them (nothing is enforced), with the profile's account."""
+    return LocalSlurm(
+        nodes=2,
+        gpus_per_node=8,
+        cpus_per_node=128,
+        mem_mb_per_node=1_000_000,
+        account="my_account",
+    )

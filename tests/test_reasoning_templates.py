@@ -15,15 +15,10 @@ import pytest
 
 from eagle3_pipeline.synth import check as reasoning
 
-TEMPLATES = Path(__file__).parent / "data" / "templates"
+# the conversation and answer the hand-written templates are checked with
+from test_reasoning_check import CONTENT, HISTORY, REASONING
 
-HISTORY = [
-    {"role": "user", "content": "What is 2 + 2?"},
-    {"role": "assistant", "content": "4.", "reasoning_content": "Two and two make four."},
-    {"role": "user", "content": "And 3 + 3?"},
-]
-REASONING = "Three and three make six."
-CONTENT = "It is 6."
+TEMPLATES = Path(__file__).parent / "data" / "templates"
 
 
 def deepseek(name: str) -> str:
