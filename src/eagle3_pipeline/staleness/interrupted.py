@@ -20,14 +20,11 @@ Only Snakemake's file-based metadata store (the default) is read.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from base64 import urlsafe_b64decode
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 METADATA_DIR = Path(".snakemake") / "metadata"
 
