@@ -20,7 +20,7 @@ SMK=(python3 -m snakemake ${SMK_FLAGS:-} --resources gpus=1 --cores all)  # SMK_
 smk() { EAGLE3_GPU_LOCK_DIR=$W/locks-$1 VLLM_CACHE_ROOT=$W/vllm-cache-$1 ${NICE:-} "${SMK[@]}" "${@:2}"; }
 
 smoke() { smk smoke --configfile config/gpu.yaml; }
-quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth; }
+quality_synth() { smk quality --configfile config/gpu-quality.yaml --until synth_gather; }
 quality_data() { smk quality --configfile config/gpu-quality.yaml --until extract_gather vocab; }
 quality() { smk quality --configfile config/gpu-quality.yaml; }
 # EAGLE-3 next to DFlash (config/gpu-methods.yaml): a synth journal carried from an earlier
@@ -175,10 +175,16 @@ eff_synth_replicas() {
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
 # serving default (lab/configs/gpu_quality_t1.yaml), side by side on the one GPU (a measurement
 # of tau, not of speed): copied off with `collect --synth`, adopted on a later host.
-q_synth_t0() { smk q0 --nolock --configfile config/gpu-quality.yaml --until synth; }
+q_synth_t0() { smk q0 --nolock --configfile config/gpu-quality.yaml --until synth_gather; }
 q_synth_t1() {
-  smk q1 --nolock --configfile config/gpu-quality.yaml lab/configs/gpu_quality_t1.yaml --until synth
+  smk q1 --nolock --configfile config/gpu-quality.yaml lab/configs/gpu_quality_t1.yaml --until synth_gather
 }
+# The quality run's answers on-policy (lab/configs/gpu_quality_on_policy.yaml: each later turn
+# asked with the target's own earlier answers as its context), alone or beside untimed work:
+# copied off with `collect --synth gpu-quality-on-policy`, trained on a later host.
+Q_ON_POLICY=(--configfile config/gpu-quality.yaml lab/configs/gpu_quality_levers.yaml
+  lab/configs/gpu_quality_on_policy.yaml)
+q_synth_on_policy() { smk qp --nolock "${Q_ON_POLICY[@]}" --until synth_gather; }
 # Those two runs trained side by side from their carried journals (`h200.sh unpack` puts them in
 # place before `start`; lab/gpu_host.md): each lane adopts its run's journal once the prompts
 # and target exist (so synth asks for no answer), then extracts and trains EAGLE-3 only

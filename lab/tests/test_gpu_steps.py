@@ -126,13 +126,29 @@ def test_the_two_synth_lanes_write_their_own_runs(host_copy, tmp_path, step, run
     results directory of its own (a shared one would make the lanes overwrite each other)."""
     out = call_step(host_copy, tmp_path, step)
     jobs = set(job_names(parse_jobs(out)))
-    assert "synth" in jobs and not jobs & {"prepare", "extract_gather", "vocab"}, sorted(jobs)
+    assert {"synth[part=0]", "synth_gather"} <= jobs, sorted(jobs)
+    assert not jobs & {"prepare", "extract_gather", "vocab"}, sorted(jobs)
     assert f"results/{run}/synth/" in out
     other = {"gpu-quality": "gpu-quality-t1", "gpu-quality-t1": "gpu-quality"}[run]
     assert f"results/{other}/" not in out
     files = ["config/gpu-quality.yaml"] + ["lab/configs/gpu_quality_t1.yaml"] * step.endswith("t1")
     cfg = cfglib.load_files([host_copy / f for f in files])
     assert str(cfg["synth"]["temperature"]) == temperature and cfg["run"] == run
+
+
+def test_the_on_policy_synth_lane_answers_in_its_own_run(host_copy, tmp_path):
+    """On-policy answers go to a run of their own (their later turns differ from the greedy
+    run's), and the lane stops after synth: the journal is what is copied off."""
+    out = call_step(host_copy, tmp_path, "q_synth_on_policy")
+    jobs = set(job_names(parse_jobs(out)))
+    assert {"synth[part=0]", "synth_gather"} <= jobs, sorted(jobs)
+    assert not jobs & {"prepare", "extract_gather", "vocab"}, sorted(jobs)
+    assert "results/gpu-quality-on-policy/synth/" in out
+    assert "results/gpu-quality/" not in out
+    levers = ("levers", "on_policy")
+    files = ["config/gpu-quality.yaml", *(f"lab/configs/gpu_quality_{x}.yaml" for x in levers)]
+    cfg = cfglib.load_files([host_copy / f for f in files])
+    assert cfg["synth"]["context"] == "on_policy" and cfg["synth"]["temperature"] == 0.0
 
 
 @pytest.mark.parametrize(
