@@ -43,6 +43,7 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.target.stage import defining_files
 from eagle3_pipeline.staleness.code import code_hash, logic_modules
+from eagle3_pipeline.runtime import kept
 from eagle3_pipeline.staleness.interrupted import interrupted_targets
 
 try:
@@ -261,3 +262,9 @@ onstart:
             "free ones), but pass e.g. `--resources gpus=8` to let Snakemake schedule them.",
             file=sys.stderr,
         )
+
+
+onerror:
+    # What the failed jobs' stages kept (runtime/kept.py): the same command resumes from it.
+    if workflow.is_main_process and (_kept := kept.message(Path(RUN))):
+        print(_kept, file=sys.stderr)

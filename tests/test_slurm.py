@@ -1,19 +1,20 @@
 """The CI-sized DAG through a real Slurm cluster (tests/local_slurm.py, started by the
 session's `slurm` fixture) with the project's profile and snakemake-executor-plugin-slurm:
 every rule a Slurm job with the resources and wall time the profile asks, training as one
-allocation over two nodes, a synth job cancelled with scancel costing no answer, and nothing
-left in the queue."""
+allocation over two nodes, a synth job cancelled with scancel costing no answer, a synth job
+stopped at its Slurm time limit costing none either, and nothing left in the queue."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, ci_snakemake, journaled_answers
+from conftest import CI_CONFIG, REPO, ci_snakemake, journaled_answers
 
 pytestmark = [pytest.mark.server, pytest.mark.e2e]
 
@@ -95,4 +96,68 @@ def test_the_same_command_again_finishes_at_once_and_leaves_no_job(ci_run, slurm
     proc = ci_snakemake(ci_run, slurm=slurm, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
+    assert slurm.run("squeue", "--noheader").stdout.strip() == ""
+
+
+# Synth asked again under other generation settings (a journal of its own), one answer at a time
+# and longer answers: about three minutes of work on the CI machine's CPU, which a one-minute
+# time limit (Slurm stops a job 60-95 s after its start here: KillWait 5 s) cuts short.
+SLOW_SYNTH = {"synth": {"jobs": 1, "concurrency": 1, "max_tokens": 256}}
+
+
+@pytest.fixture(scope="module")
+def timed_out(ci_run, slurm, tmp_path_factory) -> dict:
+    """A copy of the finished CI run whose synth job Slurm stops at a one-minute time limit
+    (no retry: --retries 0), then the same command with the profile's runtime."""
+    work = tmp_path_factory.mktemp("timeout") / "work"
+    shutil.copytree(ci_run, work, symlinks=True, ignore=shutil.ignore_patterns("model"))
+    slow = work / "slow_synth.yaml"
+    slow.write_text(yaml.safe_dump(SLOW_SYNTH))
+    journals = work / "results" / "ci" / "synth" / ".partial"
+    before = set(journals.rglob("journal*.jsonl"))
+    args = ("--until", "synth_gather")
+    cfgs = (CI_CONFIG, slow)
+    first = ci_snakemake(
+        work, *args, "--set-resources", "synth:runtime=1", "--retries", "0",
+        slurm=slurm, configfiles=cfgs, timeout=900,
+    )  # fmt: skip
+    new = sorted(set(journals.rglob("journal*.jsonl")) - before)
+    kept = [a for p in new for a in journaled_answers(work / "results" / "ci", p.name)]
+    jobs_first = slurm_jobs(slurm, work)
+    second = ci_snakemake(work, *args, slurm=slurm, configfiles=cfgs, timeout=1200)
+    return {
+        "work": work,
+        "first": first,
+        "second": second,
+        "new_journals": new,
+        "kept_at_timeout": kept,
+        "jobs_first": jobs_first,
+    }
+
+
+def test_a_synth_job_past_its_time_limit_says_what_it_kept(timed_out):
+    first = timed_out["first"]
+    out = first.stdout + first.stderr
+    assert first.returncode != 0, out[-3000:]
+    synth = [j for j in timed_out["jobs_first"] if rule_of(j) == "synth"]
+    assert [j["State"] for j in synth] == ["TIMEOUT"], synth
+    assert "TIMEOUT" in out  # the executor plugin's error names Slurm's state
+    kept = len(timed_out["kept_at_timeout"])
+    assert kept > 0, "the job was stopped before it answered anything: the limit proves nothing"
+    assert f"synth part 0 of 1: {kept:,} answers journaled" in out, out[-3000:]
+    assert "the same command resumes from it" in out
+
+
+def test_the_same_command_after_a_timeout_asks_only_for_the_rest(timed_out, slurm):
+    second, work = timed_out["second"], timed_out["work"]
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    (journal,) = timed_out["new_journals"]
+    answers = journaled_answers(work / "results" / "ci", journal.name)
+    ids = [a["id"] for a in answers]
+    assert len(ids) == len(set(ids)), "an answer was asked for twice"
+    manifest = json.loads((work / "results" / "ci" / "synth" / "parts" / "part_0.json").read_text())
+    assert manifest["this_run"]["reused"] >= len(timed_out["kept_at_timeout"]), manifest
+    assert manifest["this_run"]["reused"] + manifest["this_run"]["answered"] == manifest["prompts"]
+    stats = json.loads((work / "results" / "ci" / "synth" / "stats.json").read_text())
+    assert stats["samples_ok"] == len(ids)
     assert slurm.run("squeue", "--noheader").stdout.strip() == ""
