@@ -15,6 +15,18 @@ train jobs' staging and hybrid cache) every 0.2 s: the high-water mark. The wall
 Snakemake's own per-job benchmark files (extract parts + gather + train against train); τ is
 the bench stage's acceptance length per prompt set; the drafters' weights are compared by
 their sha256. Writes one JSON file (--out).
+
+With ``--rounds N`` it then times training alone, stored against online, in N alternating
+rounds (the order reversed every round; ``eagle3_lab.rounds``): each training from a fresh
+training directory (the method's ``train_work/`` and ``drafter/`` removed first, so nothing is
+resumed or re-exported) with ``train.epochs`` ``--epochs``, up to ``train``; the figures are the
+train job's seconds, the trainer's tokens/s per epoch and the disk's high-water mark (the
+first method of train.methods only). On a GPU
+(the data made once, no whole runs; the run's synth journal, if carried in, reused):
+
+    PYTHONPATH=src python3 benchmarks/online_vs_stored.py --work . --reuse-work \
+        --base config/gpu-quality.yaml --configfile lab/configs/gpu_quality_levers.yaml \
+        --smk-args "--resources gpus=1" --skip-full --rounds 3 --epochs 1 --out rounds.json
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,10 +48,11 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_lab import rounds as rounds_lib
 from eagle3_lab.results import write_result
 
 REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]  # (a host may have no snakemake script)
 
 
 class DiskPeak:
@@ -89,20 +103,28 @@ class DiskPeak:
         self._thread.join()
 
 
-def snakemake(work: Path, configs: list[str], *extra: str) -> float:
+# Snakemake options before --cores (e.g. --resources gpus=1, which takes every word up to the
+# next option), from --smk-args
+SMK_ARGS: list[str] = []
+
+
+def snakemake(work: Path, configs: list[str], *extra: str, targets: tuple = ()) -> float:
     cmd = [
-        SNAKEMAKE,
+        *SNAKEMAKE,
         "--snakefile",
         str(REPO / "Snakefile"),
         "--directory",
         str(work),
+        *map(str, targets),  # (before options that take several words)
+        *SMK_ARGS,
         "--cores",
         "all",
         "--configfile",
         *configs,
         *extra,
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    path = [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     t0 = time.monotonic()
     with open(work / "snakemake.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
@@ -134,29 +156,96 @@ def outcome(run: Path, method: str) -> dict:
     }
 
 
+def train_alone(work: Path, configs: list[str], run: Path, method: str, mode: str, epochs: int):
+    """One training from scratch in ``mode``, up to train: its figures for the rounds."""
+
+    def once() -> dict:
+        for d in (run / "train_work" / method, run / "drafter" / method):
+            shutil.rmtree(d, ignore_errors=True)
+        extra = ["--config", f"extract={{mode: {mode}}}", f"train={{epochs: {epochs}}}"]
+        metrics_file = run / "drafter" / method / "metrics.json"
+        with DiskPeak(run, mode) as disk:  # this method's training only
+            snakemake(work, configs, *extra, targets=[metrics_file.relative_to(work)])
+        metrics = json.loads(metrics_file.read_text())
+        per_epoch = [e["tokens_per_s"] for e in metrics["epochs"]]
+        return {
+            "train_s": job_seconds(run, f"train_{method}"),
+            "tokens_per_s_mean_of_epochs": sum(per_epoch) / len(per_epoch),
+            "disk_high_water_bytes": disk.peak,
+            "loader_wait_fraction": metrics["throughput"].get("loader_wait_fraction"),
+            "tokens_per_s_per_epoch": per_epoch,
+            "val_loss_per_epoch": [e["val"]["loss"] for e in metrics["epochs"]],
+        }
+
+    return once
+
+
+def training_rounds(work, configs, run, method, rounds: int, epochs: int) -> dict:
+    """Training alone, stored against online, in alternating rounds."""
+    variants = {m: train_alone(work, configs, run, method, m, epochs) for m in ("stored", "online")}
+    result = rounds_lib.alternate(variants, rounds)
+    out = {"epochs": epochs, "rounds": result["rounds"], "surroundings_before": result["before"]}
+    for key in ("train_s", "tokens_per_s_mean_of_epochs", "disk_high_water_bytes"):
+        out[key] = {m: rounds_lib.spread(rounds_lib.figure(result, m, key)) for m in variants}
+    ratios = rounds_lib.paired_ratios(result, "online", "stored", "train_s")
+    out["train_s_ratio_online_to_stored"] = {"per_round": ratios, **rounds_lib.spread(ratios)}
+    return out
+
+
 def main() -> None:
+    global SMK_ARGS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--configfile", default=str(REPO / "benchmarks/configs/online_vs_stored.yaml"))
+    ap.add_argument("--base", default=str(REPO / "config/config.yaml"), help="first config file")
+    ap.add_argument(
+        "--configfile",
+        nargs="*",
+        default=[str(REPO / "benchmarks/configs/online_vs_stored.yaml")],
+        help="config files over --base",
+    )
+    ap.add_argument("--smk-args", default="", help="Snakemake options, e.g. --resources gpus=1")
+    ap.add_argument("--reuse-work", action="store_true", help="keep what --work holds")
+    ap.add_argument("--skip-full", action="store_true", help="no whole runs: data, then --rounds")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds of training alone (>= 3)")
+    ap.add_argument("--epochs", type=int, default=1, help="train.epochs of those trainings")
     args = ap.parse_args()
+    if args.rounds and args.rounds < 3:
+        ap.error("--rounds: at least 3 (a spread needs them)")
+    if args.skip_full and not args.rounds:
+        ap.error("--skip-full leaves only --rounds to run")
+    SMK_ARGS = shlex.split(args.smk_args)
     work = args.work.resolve()
-    if work.exists():
+    if work.exists() and not args.reuse_work:
         shutil.rmtree(work)
-    work.mkdir(parents=True)
-    configs = [str(REPO / "config/config.yaml"), str(Path(args.configfile).resolve())]
-    merged = {}
+    work.mkdir(parents=True, exist_ok=True)
+    configs = [str(Path(c).resolve()) for c in (args.base, *args.configfile)]
+    merged: dict = {}
     for c in configs:
         merged.update(yaml.safe_load(Path(c).read_text()) or {})
     run = work / "results" / merged["run"]
     method = (merged.get("train") or {}).get("methods", ["eagle3"])[0]
 
     result: dict = {
-        "what": "extract.mode online vs stored on the CPU, same rows and seed",
+        "what": "extract.mode online vs stored, same rows and seed",
         "command": " ".join(["benchmarks/online_vs_stored.py", *sys.argv[1:]]),
-        "configs": [str(Path(c).relative_to(REPO)) for c in configs],
+        "configs": [os.path.relpath(c, REPO) for c in configs],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
     }
+    if args.skip_full:
+        snakemake(work, configs, "--until", "extract_gather", "vocab")
+    else:
+        whole_runs(result, work, configs, run, method)
+    if args.rounds:
+        result["training_rounds"] = training_rounds(
+            work, configs, run, method, args.rounds, args.epochs
+        )
+        print(json.dumps(result["training_rounds"]["train_s_ratio_online_to_stored"]))
+    write_result(args.out, result)
+
+
+def whole_runs(result: dict, work: Path, configs: list[str], run: Path, method: str) -> None:
+    """Both modes through the whole workflow, stored first (the data made by it)."""
     for mode in ("stored", "online"):
         with DiskPeak(run, mode) as disk:
             dag_s = snakemake(work, configs, "--config", f"extract={{mode: {mode}}}")
@@ -188,7 +277,6 @@ def main() -> None:
             k: round(o["acceptance_length"][k] - v, 6) for k, v in s["acceptance_length"].items()
         },
     }
-    write_result(args.out, result)
     print(json.dumps(result["comparison"], indent=1))
 
 

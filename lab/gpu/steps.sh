@@ -166,6 +166,15 @@ gil_extract_8b() {
     --concurrency 32 --rounds 3 --gpu-memory-utilization 0.4
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
+# extract.mode online against stored, training alone in 3 alternating rounds of one epoch each
+# (benchmarks/online_vs_stored.py --rounds), on the on-policy run's data: its journal unpacked
+# first (`unpack`), so that synth asks for nothing; the data (prepare, vocab, stored extraction)
+# is made once before the rounds. Alone on the GPU.
+online_rounds() {
+  python3 benchmarks/online_vs_stored.py --work . --reuse-work --base config/gpu-quality.yaml \
+    --configfile "${Q_ON_POLICY[@]:2}" --smk-args "--resources gpus=1" --skip-full --rounds 3 \
+    --epochs 1 --out "$W/bench/h200_online_vs_stored_rounds.json"
+}
 # Synth on one server against REPLICA_SERVERS (4) sharing the GPU (synth.servers_per_gpu), alone
 # on the GPU, in 3 alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's
 # prompts

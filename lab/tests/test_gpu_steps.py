@@ -95,7 +95,11 @@ def test_each_lane_step_plans_its_own_jobs(host_copy, tmp_path, step, planned, n
 @pytest.mark.parametrize(
     ("step", "planned", "not_planned"),
     [
-        ("m_data", {"synth_gather", "extract_gather", "vocab"}, {"bench_baseline"} | EAGLE3 | DFLASH),
+        (
+            "m_data",
+            {"synth_gather", "extract_gather", "vocab"},
+            {"bench_baseline"} | EAGLE3 | DFLASH,
+        ),
         ("m_train_eagle3", {"train[method=eagle3]"}, {"bench_baseline"} | DFLASH),
         ("m_train_dflash", {"train[method=dflash]"}, {"bench_baseline"} | EAGLE3),
     ],
