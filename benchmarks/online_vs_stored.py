@@ -20,8 +20,8 @@ With ``--rounds N`` it then times training alone, stored against online, in N al
 rounds (the order reversed every round; ``eagle3_lab.rounds``): each training from a fresh
 training directory (the method's ``train_work/`` and ``drafter/`` removed first, so nothing is
 resumed or re-exported) with ``train.epochs`` ``--epochs``, up to ``train``; the figures are the
-train job's seconds, the trainer's tokens/s per epoch and the disk's high-water mark (the
-first method of train.methods only). On a GPU
+train job's seconds (an online job's include its servers' start), the trainer's tokens/s per
+epoch and the disk's high-water mark (the first method of train.methods only). On a GPU
 (the data made once, no whole runs; the run's synth journal, if carried in, reused):
 
     PYTHONPATH=src python3 benchmarks/online_vs_stored.py --work . --reuse-work \
@@ -167,13 +167,12 @@ def train_alone(work: Path, configs: list[str], run: Path, method: str, mode: st
         with DiskPeak(run, mode) as disk:  # this method's training only
             snakemake(work, configs, *extra, targets=[metrics_file.relative_to(work)])
         metrics = json.loads(metrics_file.read_text())
-        per_epoch = [e["tokens_per_s"] for e in metrics["epochs"]]
         return {
             "train_s": job_seconds(run, f"train_{method}"),
-            "tokens_per_s_mean_of_epochs": sum(per_epoch) / len(per_epoch),
             "disk_high_water_bytes": disk.peak,
             "loader_wait_fraction": metrics["throughput"].get("loader_wait_fraction"),
-            "tokens_per_s_per_epoch": per_epoch,
+            # (None where too few steps were logged: a small run)
+            "tokens_per_s_per_epoch": [e["tokens_per_s"] for e in metrics["epochs"]],
             "val_loss_per_epoch": [e["val"]["loss"] for e in metrics["epochs"]],
         }
 
@@ -185,7 +184,7 @@ def training_rounds(work, configs, run, method, rounds: int, epochs: int) -> dic
     variants = {m: train_alone(work, configs, run, method, m, epochs) for m in ("stored", "online")}
     result = rounds_lib.alternate(variants, rounds)
     out = {"epochs": epochs, "rounds": result["rounds"], "surroundings_before": result["before"]}
-    for key in ("train_s", "tokens_per_s_mean_of_epochs", "disk_high_water_bytes"):
+    for key in ("train_s", "disk_high_water_bytes"):
         out[key] = {m: rounds_lib.spread(rounds_lib.figure(result, m, key)) for m in variants}
     ratios = rounds_lib.paired_ratios(result, "online", "stored", "train_s")
     out["train_s_ratio_online_to_stored"] = {"per_round": ratios, **rounds_lib.spread(ratios)}
