@@ -266,5 +266,5 @@ onstart:
 
 onerror:
     # What the failed jobs' stages kept (runtime/kept.py): the same command resumes from it.
-    if workflow.is_main_process and (_kept := kept.message(Path(RUN))):
+    if workflow.is_main_process and (_kept := kept.message(Path(RUN), config)):
         print(_kept, file=sys.stderr)

@@ -10,9 +10,13 @@ from eagle3_pipeline.runtime import kept
 from eagle3_pipeline.runtime.files import AppendLog
 from eagle3_pipeline.synth.answers import AnswerStore
 
+FP = "0123456789abcdef" * 4  # the fingerprint of the answers synth would reuse
 
-def journal(run: Path, part: int, parts: int, answers: int, torn: bool = False) -> None:
-    store = AnswerStore(run / "synth" / ".partial", "0123456789abcdef")
+
+def journal(
+    run: Path, part: int, parts: int, answers: int, torn: bool = False, fp: str = FP
+) -> None:
+    store = AnswerStore(run / "synth" / ".partial", fp)
     log = store.journal(part, parts)
     for i in range(answers):
         log.append({"id": f"p{part}-{i}", "status": "ok"})
@@ -23,7 +27,7 @@ def journal(run: Path, part: int, parts: int, answers: int, torn: bool = False) 
 
 
 def test_a_run_that_kept_nothing_says_nothing(tmp_path):
-    assert kept.message(tmp_path) is None
+    assert kept.message(tmp_path, {}) is None  # (no target yet: no synth settings read)
 
 
 def test_unfinished_synth_parts_are_counted_and_finished_ones_left_out(tmp_path):
@@ -31,7 +35,15 @@ def test_unfinished_synth_parts_are_counted_and_finished_ones_left_out(tmp_path)
     journal(tmp_path, 1, 2, 7)
     (tmp_path / "synth" / "parts").mkdir(parents=True)
     (tmp_path / "synth" / "parts" / "part_1.json").write_text("{}")
-    assert kept.kept_work(tmp_path) == ["synth part 0 of 2: 5 answers journaled"]
+    assert kept.kept_work(tmp_path, FP) == ["synth part 0 of 2: 5 answers journaled"]
+
+
+def test_journals_of_other_settings_are_not_counted(tmp_path):
+    """Answers under another fingerprint (other generation settings) are not reused: not kept."""
+    journal(tmp_path, 0, 1, 4, fp="f" * 64)
+    assert kept.kept_work(tmp_path, FP) == []
+    journal(tmp_path, 0, 1, 2)
+    assert kept.kept_work(tmp_path, FP) == ["synth part 0 of 1: 2 answers journaled"]
 
 
 def test_hidden_states_count_until_the_manifest_is_written(tmp_path):
@@ -40,9 +52,9 @@ def test_hidden_states_count_until_the_manifest_is_written(tmp_path):
     for i in range(3):
         (shard / f"hs_{i}.safetensors").write_bytes(b"x")
     (shard / "hs_3.safetensors.tmp").write_bytes(b"x")  # a file still being written
-    assert kept.kept_work(tmp_path) == ["extract: hidden states of 3 samples written"]
+    assert kept.kept_work(tmp_path, None) == ["extract: hidden states of 3 samples written"]
     (tmp_path / "hidden_states" / "manifest.json").write_text(json.dumps({}))
-    assert kept.kept_work(tmp_path) == []
+    assert kept.kept_work(tmp_path, None) == []
 
 
 def test_training_checkpoints_count_until_the_drafter_is_exported(tmp_path):
@@ -51,7 +63,7 @@ def test_training_checkpoints_count_until_the_drafter_is_exported(tmp_path):
     (tmp_path / "train_work" / "dflash" / "checkpoints" / "0").mkdir(parents=True)
     (tmp_path / "drafter" / "dflash").mkdir(parents=True)
     (tmp_path / "drafter" / "dflash" / "metrics.json").write_text("{}")
-    text = kept.message(tmp_path)
+    text = kept.message(tmp_path, {})
     assert "train eagle3: checkpoints 0, 1" in text
     assert "dflash" not in text
     assert "the same command resumes" in text and "set-resources" in text

@@ -11,10 +11,19 @@ without its drafter.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-SYNTH_JOURNAL = re.compile(r"journal\.part-(\d+)-of-(\d+)\.jsonl$")
+from ..synth import answers
+from ..target import load_info
+
+
+def synth_fingerprint(run: Path, cfg: dict) -> str | None:
+    """The fingerprint of the answers ``cfg`` would reuse (target and generation settings), or
+    None before the target exists (no answer can either)."""
+    target_json = Path(run) / "target" / "target.json"
+    if not target_json.exists():
+        return None
+    return answers.fingerprint(load_info(target_json), cfg["synth"], cfg["vllm"])
 
 
 def _lines(path: Path) -> int:
@@ -23,11 +32,14 @@ def _lines(path: Path) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
-def synth_kept(run: Path) -> list[str]:
-    """Per synth part without its manifest: the answers its journals hold."""
+def synth_kept(run: Path, fingerprint: str | None) -> list[str]:
+    """Per synth part without its manifest: the entries its journals hold under
+    ``fingerprint`` (journals of other settings are not reused, so they are not counted)."""
+    if fingerprint is None:
+        return []
     kept: dict[tuple[int, int], int] = {}
-    for journal in sorted((run / "synth" / ".partial").glob("*/journal.part-*-of-*.jsonl")):
-        part, parts = (int(x) for x in SYNTH_JOURNAL.search(journal.name).groups())
+    for journal in answers.AnswerStore(run / "synth" / ".partial", fingerprint).journals():
+        part, parts = answers.journal_part(journal)
         if (run / "synth" / "parts" / f"part_{part}.json").exists():
             continue
         kept[(part, parts)] = kept.get((part, parts), 0) + _lines(journal)
@@ -58,15 +70,16 @@ def train_kept(run: Path) -> list[str]:
     return lines
 
 
-def kept_work(run: Path) -> list[str]:
-    """One line per stage part with partial work in ``run`` (a run's results directory)."""
+def kept_work(run: Path, synth_fp: str | None) -> list[str]:
+    """One line per stage part with partial work in ``run`` (a run's results directory);
+    ``synth_fp``: the fingerprint of the answers synth would reuse (:func:`synth_fingerprint`)."""
     run = Path(run)
-    return [*synth_kept(run), *extract_kept(run), *train_kept(run)]
+    return [*synth_kept(run, synth_fp), *extract_kept(run), *train_kept(run)]
 
 
-def message(run: Path) -> str | None:
-    """What a failed run says about its partial work, or None when it kept none."""
-    lines = kept_work(run)
+def message(run: Path, cfg: dict) -> str | None:
+    """What a run of ``cfg`` that failed says about its partial work, or None when it kept none."""
+    lines = kept_work(run, synth_fingerprint(run, cfg))
     if not lines:
         return None
     return "\n".join(

@@ -45,6 +45,20 @@ ANSWER_FORMAT = 1
 # failure; among equals, the later one (journals in a fixed order, lines in file order).
 STATUS_RANK = {"ok": 2, "rejected": 1, "failed": 0}
 LEGACY_JOURNAL = "journal.jsonl"
+PART_JOURNAL = re.compile(r"journal\.part-(\d+)-of-(\d+)\.jsonl$")
+
+
+def part_journal_name(part: int, parts: int) -> str:
+    return f"journal.part-{part}-of-{parts}.jsonl"
+
+
+def journal_part(path: Path) -> tuple[int, int]:
+    """(part, parts) of a journal :meth:`AnswerStore.journals` lists; the single journal of
+    the layout before parts was written by the one job there was: (0, 1)."""
+    found = PART_JOURNAL.search(path.name)
+    return (int(found[1]), int(found[2])) if found else (0, 1)
+
+
 # A fingerprint directory's name (the store owns these and nothing else in its work dir)
 FINGERPRINT_DIR = re.compile(r"[0-9a-f]{16}")
 
@@ -140,7 +154,7 @@ class AnswerStore:
 
     def journal(self, part: int, parts: int) -> AppendLog:
         """Part ``part`` of ``parts``'s own journal, opened for appending."""
-        log_ = AppendLog(self.dir / f"journal.part-{part}-of-{parts}.jsonl")
+        log_ = AppendLog(self.dir / part_journal_name(part, parts))
         log_.open()
         return log_
 
