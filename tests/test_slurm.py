@@ -16,7 +16,7 @@ import yaml
 
 from conftest import CI_CONFIG, REPO, ci_snakemake, journaled_answers
 
-pytestmark = [pytest.mark.server, pytest.mark.e2e]
+pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
 CI = yaml.safe_load((REPO / "tests" / "configs" / "ci.yaml").read_text())
