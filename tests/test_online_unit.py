@@ -4,6 +4,8 @@ the plan says of each mode. Against real servers: tests/test_online.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from eagle3_pipeline import config as cfglib
@@ -68,6 +70,46 @@ def test_servers_take_the_first_devices_and_the_trainer_the_rest():
     assert online.trainer_devices(devices, 2, 2) == ["4", "5", "6", "7"]
 
 
+def test_colocated_servers_share_the_trainers_devices_and_split_their_memory(target_json):
+    """extract.colocate: server k on the trainer's devices from k * TP on, wrapping around;
+    the trainer keeps every device; the servers on one GPU split colocated_gpu_memory."""
+    import json
+
+    devices = ["0", "1"]
+    assert [online.endpoint_gpus(devices, k, 1, colocate=True) for k in range(3)] == [
+        ["0"],
+        ["1"],
+        ["0"],
+    ]
+    assert online.endpoint_gpus(devices, 1, 2, colocate=True) == ["0", "1"]
+    assert online.trainer_devices(devices, 3, 1, colocate=True) == devices
+    assert online.servers_per_gpu(3, 1, 2) == 2 and online.servers_per_gpu(1, 2, 2) == 1
+    cfg = default_config(
+        vllm={"device": "cuda", "extra_args": ["--gpu-memory-utilization", "0.9", "--seed", "1"]},
+        extract={"mode": "online", "servers": 3, "colocate": True, "colocated_gpu_memory": 0.4},
+        train={"gpus": 2},
+    )
+    target = json.loads(target_json.read_text())
+    specs = online.server_specs(
+        cfg["extract"], cfg["vllm"], target, [2, 15, 27, 30], Path("s"), devices
+    )
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0", "1", "0"]
+    for spec in specs:  # 2 servers on GPU 0: 0.4 / 2 each, the 0.9 given replaced
+        assert spec.extra_args.count("--gpu-memory-utilization") == 1
+        assert spec.extra_args[-2:] == ["--gpu-memory-utilization", "0.2000"]
+        assert "--seed" in spec.extra_args
+    own = online.server_specs(
+        {**cfg["extract"], "colocate": False},
+        cfg["vllm"],
+        target,
+        [2, 15, 27, 30],
+        Path("s"),
+        ["0", "1", "2", "3"],
+    )
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in own] == ["0", "1", "2"]
+    assert all(s.extra_args[-1] != "0.2000" for s in own)
+
+
 def test_online_train_params_carry_extractions_result_keys():
     stored = default_config()
     assert cfglib.result_config(stored, "train", method="eagle3").keys() == {"train"}
@@ -91,6 +133,16 @@ def test_a_train_job_holds_its_servers_gpus():
     assert cfglib.stage_gpus(on, "extract") == 0
     remote = default_config(**cuda, extract={"mode": "online", "endpoints": ["http://n:8000/v1"]})
     assert cfglib.stage_gpus(remote, "train") == 4
+    colocated = default_config(**cuda, extract={"mode": "online", "servers": 2, "colocate": True})
+    assert cfglib.stage_gpus(colocated, "train") == 4
+
+
+def test_colocated_servers_must_fit_in_the_trainers_gpus():
+    cuda = {"device": "cuda", "tensor_parallel_size": 4}
+    with pytest.raises(cfglib.ConfigError, match=r"extract\.colocate.*train\.gpus 2"):
+        default_config(vllm=cuda, train={"gpus": 2}, extract={"mode": "hybrid", "colocate": True})
+    # stored mode ignores it, as it ignores extract.servers
+    default_config(vllm=cuda, train={"gpus": 2}, extract={"colocate": True})
 
 
 @pytest.mark.parametrize(
@@ -119,7 +171,7 @@ def test_the_plan_shows_every_modes_disk_gpus_and_time(tmp_path):
     in_flight = 2 * 3 * largest  # 2 processes x 3 DataLoader workers, a sample each
     assert modes["online"]["disk_bytes"] == in_flight
     assert modes["hybrid"]["disk_bytes"] == in_flight + int(0.1 * GIB)
-    assert modes["online"]["train_gpus"] == {"trainer": 2, "servers": 2}
+    assert modes["online"]["train_gpus"] == {"trainer": 2, "servers": 2, "colocated": False}
     assert modes["online"]["extraction_passes"] == 4
     assert 1 < modes["hybrid"]["extraction_passes"] < 4
     # the stage table: no extract stage, the train job with its server's GPUs
@@ -127,6 +179,29 @@ def test_the_plan_shows_every_modes_disk_gpus_and_time(tmp_path):
     assert plan["disk"]["hidden_state_bytes"] == modes["hybrid"]["disk_bytes"]
     text = planlib.format_plan(plan)
     assert "hybrid  " in text and "4 (2 trainer + 2 servers)" in text
+
+
+def test_the_plan_puts_colocated_servers_on_the_trainers_gpus_and_checks_their_share(tmp_path):
+    cuda = {"device": "cuda", "tensor_parallel_size": 1, "gpu_memory_gib": 80}
+    cfg = default_config(
+        vllm=cuda, train={"gpus": 1}, extract={"mode": "online", "servers": 2, "colocate": True}
+    )
+    plan = planlib.make_plan(cfg, tmp_path / "run")
+    assert plan["modes"]["online"]["train_gpus"] == {"trainer": 1, "servers": 0, "colocated": True}
+    assert plan["stages"]["train"]["gpus_per_job"] == 1
+    assert plan["gpu_memory"]["extraction_server_share"] == 0.25  # 0.5 split by 2 servers
+    text = planlib.format_plan(plan)
+    assert "1 (servers on the trainer's)" in text
+    assert "extraction: 2 server(s) on each trainer GPU, x 0.25 each" in text
+    assert not [p for p in plan["problems"] if p["check"] == "gpu_memory"]
+    # the 135M target's weights (~0.27 GB) in 0.002 of 80 GiB (0.16 GiB): refused
+    cfg["extract"]["colocated_gpu_memory"] = 0.004
+    (problem,) = [
+        p
+        for p in planlib.make_plan(cfg, tmp_path / "run")["problems"]
+        if p["check"] == "gpu_memory"
+    ]
+    assert "extract.colocated_gpu_memory" in problem["message"]
 
 
 def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypatch):

@@ -964,6 +964,18 @@ def test_online_mode_has_no_extract_job_and_its_train_job_holds_the_servers(tmp_
     assert [j.gpus for j in jobs if j.rule == "train"] == [8]
 
 
+def test_online_mode_on_one_gpu_colocates_its_servers_with_the_trainer(tmp_path):
+    """One GPU: an online train job whose server takes a GPU of its own needs two and is
+    refused before any job; with extract.colocate the server shares the trainer's one."""
+    args = ("--configfile", str(REPO / "config" / "gpu-quality.yaml"), "--resources", "gpus=1")
+    out = snakemake("-n", *args, "--config", ONLINE, workdir=tmp_path, check=False)
+    assert out.returncode != 0
+    assert "--resources gpus=1 is less than" in out.stdout + out.stderr
+    jobs = plan(*args, "--config", "extract={mode: online, colocate: true}", workdir=tmp_path)
+    assert {j.gpus for j in jobs if j.rule == "train"} == {1}
+    assert "extract" not in by_rule(jobs)
+
+
 def test_online_train_over_nodes_needs_endpoints(tmp_path):
     out = snakemake(
         "-n",

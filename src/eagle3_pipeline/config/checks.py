@@ -196,15 +196,25 @@ def synth_split_problems(cfg: dict) -> list[str]:
 def online_problems(cfg: dict) -> list[str]:
     """extract.mode online/hybrid: the train job's extraction servers run on its first node
     only, so a train job over several nodes needs servers that every node reaches
-    (extract.endpoints)."""
+    (extract.endpoints); servers on the trainer's GPUs (extract.colocate) must fit in them."""
     x, nodes = cfg["extract"], cfg["train"]["nodes"]
-    if x["mode"] != "stored" and nodes > 1 and not x["endpoints"]:
+    if x["mode"] == "stored" or x["endpoints"]:
+        return []
+    if nodes > 1:
         return [
             f"config key `extract.mode`: {x['mode']} with train.nodes {nodes} needs "
             "extract.endpoints: the servers a train job starts run beside its first process "
             "and write where only that node reads. Start the extraction servers yourself on a "
             "shared file system (scripts/extraction_server.py) and list them in "
             "extract.endpoints, set train.nodes: 1, or extract.mode: stored"
+        ]
+    tp, trainer = cfg["vllm"]["tensor_parallel_size"], cfg["train"]["gpus"]
+    if x["colocate"] and cfg["vllm"]["device"] == "cuda" and tp > trainer:
+        return [
+            f"config key `extract.colocate`: an extraction server needs "
+            f"vllm.tensor_parallel_size {tp} GPUs, more than the trainer's train.gpus "
+            f"{trainer} it would share: set train.gpus to at least {tp}, or extract.colocate: "
+            "false (the servers then take GPUs of their own)"
         ]
     return []
 

@@ -63,13 +63,21 @@ def extracts_in_train(cfg: dict) -> bool:
     return cfg["extract"]["mode"] != "stored"
 
 
-def online_server_gpus(cfg: dict) -> int:
-    """GPUs of the extraction servers a train job starts beside its trainer: extract.servers
-    servers of vllm.tensor_parallel_size GPUs each in online/hybrid mode, none where
-    extract.endpoints names servers running elsewhere."""
-    if not extracts_in_train(cfg) or cfg["extract"]["endpoints"]:
+def extraction_server_gpus(cfg: dict) -> int:
+    """GPUs of their own that the extraction servers of one train job take in online/hybrid
+    mode: extract.servers servers of vllm.tensor_parallel_size GPUs each, none where
+    extract.endpoints names servers running elsewhere or extract.colocate puts them on the
+    trainer's GPUs (or on the CPU)."""
+    x = cfg["extract"]
+    if x["endpoints"] or x["colocate"]:
         return 0
-    return cfg["extract"]["servers"] * server_gpus(cfg)
+    return x["servers"] * server_gpus(cfg)
+
+
+def online_server_gpus(cfg: dict) -> int:
+    """GPUs a train job holds for its extraction servers beside its trainer's:
+    :func:`extraction_server_gpus` in online/hybrid mode, none in stored mode."""
+    return extraction_server_gpus(cfg) if extracts_in_train(cfg) else 0
 
 
 def stage_gpus(cfg: dict, stage: str) -> int:

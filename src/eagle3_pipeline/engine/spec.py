@@ -135,7 +135,11 @@ def shared_gpu_args(args: list[str], servers: int) -> list[str]:
     server's weights and KV cache then fit beside the others'; one server is left as it is."""
     if servers <= 1:
         return list(args)
-    share = memory_utilization(args) / servers
+    return with_memory_share(args, memory_utilization(args) / servers)
+
+
+def with_memory_share(args: list[str], share: float) -> list[str]:
+    """``args`` with vLLM's --gpu-memory-utilization set to ``share`` (any given replaced)."""
     out, skip = [], False
     for i, a in enumerate(args):
         if skip:

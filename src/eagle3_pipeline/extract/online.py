@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..engine.spec import with_memory_share
 from ..hidden_states.layers import resolve_layers
 from ..plan import sample_bytes
 from ..runtime.files import AppendLog, read_json, stable_hash, write_json
@@ -82,14 +83,27 @@ def reset_cache(cache: Path, key: str, kept: int, samples_per_shard: int) -> Non
             f.unlink()
 
 
-def endpoint_gpus(devices: list[str], server: int, tensor_parallel_size: int) -> list[str]:
-    """The devices of extraction server ``server``: the job's first ones, TP each; the trainer
-    gets what follows them (:func:`trainer_devices`)."""
-    return devices[server * tensor_parallel_size : (server + 1) * tensor_parallel_size]
+def endpoint_gpus(
+    devices: list[str], server: int, tensor_parallel_size: int, colocate: bool = False
+) -> list[str]:
+    """The devices of extraction server ``server``: the job's first ones, TP each, and the
+    trainer gets what follows them (:func:`trainer_devices`); colocated, the trainer's own
+    from ``server`` * TP on, wrapping around (the config checks that TP fits in them)."""
+    start = server * tensor_parallel_size
+    if colocate and devices:
+        return [devices[(start + i) % len(devices)] for i in range(tensor_parallel_size)]
+    return devices[start : start + tensor_parallel_size]
 
 
-def trainer_devices(devices: list[str], servers: int, tensor_parallel_size: int) -> list[str]:
-    return devices[servers * tensor_parallel_size :]
+def trainer_devices(
+    devices: list[str], servers: int, tensor_parallel_size: int, colocate: bool = False
+) -> list[str]:
+    return list(devices) if colocate else devices[servers * tensor_parallel_size :]
+
+
+def servers_per_gpu(servers: int, tensor_parallel_size: int, gpus: int) -> int:
+    """The most colocated extraction servers that one of ``gpus`` GPUs holds."""
+    return -(-servers * tensor_parallel_size // max(gpus, 1))
 
 
 @contextlib.contextmanager
@@ -105,7 +119,8 @@ def extraction_endpoints(
     """The extraction servers training asks, as ``[{"base_url", "model"}]``: those of
     ``extract.endpoints`` (checked to answer), or ``extract.servers`` servers started here with
     the pipeline's connector (each writing under ``staging/server_<k>``, on its share of
-    ``devices``), stopped on exit."""
+    ``devices``, or with ``extract.colocate`` on the trainer's, with a share of their memory),
+    stopped on exit."""
     from ..server import VllmServer, external_endpoint
 
     if extract_cfg["endpoints"]:
@@ -117,17 +132,40 @@ def extraction_endpoints(
         yield found
         return
     shutil.rmtree(staging, ignore_errors=True)  # files a killed attempt left
-    tp = vllm_cfg["tensor_parallel_size"]
     with contextlib.ExitStack() as stack:
         found = []
-        for k in range(extract_cfg["servers"]):
-            spec = server_spec(vllm_cfg, target, layer_ids, staging / f"server_{k}", extract_cfg)
-            if vllm_cfg["device"] == "cuda":
-                spec.env["CUDA_VISIBLE_DEVICES"] = ",".join(endpoint_gpus(devices, k, tp))
+        for spec in server_specs(extract_cfg, vllm_cfg, target, layer_ids, staging, devices):
             server = stack.enter_context(VllmServer(spec, log_path))
             found.append({"base_url": server.base_url, "model": server.model_name})
         yield found
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def server_specs(
+    extract_cfg: dict,
+    vllm_cfg: dict,
+    target: dict,
+    layer_ids: list[int],
+    staging: Path,
+    devices: list[str],
+) -> list:
+    """The ``extract.servers`` servers a train job starts: each writing under
+    ``staging/server_<k>``; on GPUs, on its devices (:func:`endpoint_gpus`) and, colocated,
+    with its part of extract.colocated_gpu_memory (the trainer, started after them, has the
+    rest of the memory)."""
+    tp, servers = vllm_cfg["tensor_parallel_size"], extract_cfg["servers"]
+    colocate = extract_cfg["colocate"]
+    specs = []
+    for k in range(servers):
+        spec = server_spec(vllm_cfg, target, layer_ids, staging / f"server_{k}", extract_cfg)
+        if vllm_cfg["device"] == "cuda":
+            spec.env["CUDA_VISIBLE_DEVICES"] = ",".join(endpoint_gpus(devices, k, tp, colocate))
+            if colocate:
+                share = extract_cfg["colocated_gpu_memory"]
+                per_gpu = servers_per_gpu(servers, tp, len(devices))
+                spec.extra_args = with_memory_share(spec.extra_args, share / per_gpu)
+        specs.append(spec)
+    return specs
 
 
 def write_spec(

@@ -156,6 +156,36 @@ def shared_gpu_problems(cfg: dict, weights: int, gib: float, memory: dict) -> li
     ]
 
 
+def colocated_problems(cfg: dict, weights: int, gib: float, memory: dict) -> list[dict]:
+    """extract.colocate: the train job's extraction servers share the trainer's GPUs in
+    extract.colocated_gpu_memory of each; each server's part of its GPUs must still hold its
+    part of the weights."""
+    from ..extract.online import servers_per_gpu
+
+    x, tp = cfg["extract"], cfg["vllm"]["tensor_parallel_size"]
+    if x["mode"] == "stored" or not x["colocate"] or x["endpoints"]:
+        return []
+    per_gpu = servers_per_gpu(x["servers"], tp, cfg["train"]["gpus"])
+    share = x["colocated_gpu_memory"] / per_gpu
+    memory["extraction_servers_per_trainer_gpu"] = per_gpu
+    memory["extraction_server_share"] = share
+    if weights / tp <= gib * GIB * share:
+        return []
+    return [
+        {
+            "check": "gpu_memory",
+            "message": (
+                f"extract.colocate: {per_gpu} extraction server(s) on each trainer GPU, each "
+                f"with {share:.2f} of its {gib:.0f} GiB = {gib * share:.1f} GiB, less than "
+                f"the {weights / tp / GIB:.1f} GiB of weights one holds at "
+                f"vllm.tensor_parallel_size {tp}. Raise extract.colocated_gpu_memory, lower "
+                "extract.servers, set extract.colocate: false (servers on GPUs of their own), "
+                f"or set {ALLOW_KEY}: [gpu_memory] to proceed anyway."
+            ),
+        }
+    ]
+
+
 # ---- the plan ---------------------------------------------------------------------------------
 
 
@@ -304,6 +334,7 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
             problems.append({"check": "gpu_memory", "message": msg})
         elif gib is not None:
             problems += shared_gpu_problems(cfg, weights, gib, plan["gpu_memory"])
+            problems += colocated_problems(cfg, weights, gib, plan["gpu_memory"])
         plan["model_load"] = {
             "seconds": round(model_load_seconds(weights)),
             "weight_bytes": weights,
@@ -471,6 +502,8 @@ def _stage_table(stages: dict) -> list[str]:
 
 def _train_gpus(g: dict) -> str:
     trainer = str(g["trainer"]) if g["trainer"] else "CPU"
+    if g.get("colocated"):
+        return f"{trainer} (servers on the trainer's)"
     if not g["servers"]:
         return trainer
     return f"{g['trainer'] + g['servers']} ({trainer} trainer + {g['servers']} servers)"
@@ -535,6 +568,12 @@ def format_plan(plan: dict) -> str:
                 f"; synth: {g['synth_servers_per_gpu']} servers per GPU, "
                 f"x {g['synth_server_share']:.3g} each"
                 if g.get("synth_servers_per_gpu")
+                else ""
+            )
+            + (
+                f"; extraction: {g['extraction_servers_per_trainer_gpu']} server(s) on each "
+                f"trainer GPU, x {g['extraction_server_share']:.3g} each"
+                if g.get("extraction_servers_per_trainer_gpu")
                 else ""
             ),
         )

@@ -6,7 +6,8 @@ user can choose before anything runs (docs/train.md, "Hidden states without the 
   holds them all; extraction and training one after the other.
 - online: each train job starts its extraction servers beside the trainer and asks for every
   row every epoch; a sample lives on the disk from the server's write until it is loaded, so
-  the disk holds one sample per request in flight. The servers' GPUs are the train job's.
+  the disk holds one sample per request in flight. The servers' GPUs are the train job's
+  (its own, or with extract.colocate the trainer's).
 - hybrid: online, but the rows that fit ``extract.hybrid_disk_gib`` are kept when first made
   and read back later: the disk holds the budget, and later epochs extract only the rest.
 
@@ -44,14 +45,6 @@ def requests_in_flight(cfg: dict) -> int:
     return max(train["gpus"], 1) * train["nodes"] * max(1, loader_workers(cfg))
 
 
-def server_gpus_of(cfg: dict) -> int:
-    """GPUs of the extraction servers one train job starts (online/hybrid): none with
-    extract.endpoints or on the CPU."""
-    from ..config import server_gpus
-
-    return 0 if cfg["extract"]["endpoints"] else cfg["extract"]["servers"] * server_gpus(cfg)
-
-
 def mode_estimates(
     cfg: dict,
     stored_bytes: int | None,
@@ -69,6 +62,8 @@ def mode_estimates(
     ``extract_estimate``/``train_estimate`` are the stored mode's stage estimates (extract:
     extract.jobs jobs over the rows once; train: the rows' epochs), ``load_s`` one model
     load, ``tokens`` the rows' tokens."""
+    from ..config import extraction_server_gpus  # (the config package imports the plan)
+
     x, train = cfg["extract"], cfg["train"]
     jobs = len(train["methods"])
     epochs = train["epochs"]
@@ -109,7 +104,11 @@ def mode_estimates(
         out[mode] = {
             "disk_bytes": in_flight + (jobs * kept if mode == "hybrid" and kept else 0),
             "kept_bytes": kept if mode == "hybrid" else 0,
-            "train_gpus": {"trainer": trainer, "servers": server_gpus_of(cfg)},
+            "train_gpus": {
+                "trainer": trainer,
+                "servers": extraction_server_gpus(cfg),
+                "colocated": bool(x["colocate"] and not x["endpoints"] and trainer),
+            },
             "extraction_passes": round(passes, 2),
             **timing(extract_s, mode),
             "how": (

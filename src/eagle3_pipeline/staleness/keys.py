@@ -172,6 +172,8 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "extract.server_args",
     "extract.hybrid_disk_gib",
     "extract.servers",
+    "extract.colocate",
+    "extract.colocated_gpu_memory",
     "extract.endpoints",
     "train.num_workers",
     "train.log_freq",

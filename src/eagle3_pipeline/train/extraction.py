@@ -106,7 +106,7 @@ def start_online(
     )
     if v["device"] != "cuda" or x["endpoints"]:
         return None
-    return online.trainer_devices(devices, x["servers"], v["tensor_parallel_size"])
+    return online.trainer_devices(devices, x["servers"], v["tensor_parallel_size"], x["colocate"])
 
 
 def processes_in_flight(train_config: dict[str, Any], processes: int) -> int:
