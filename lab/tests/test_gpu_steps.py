@@ -43,7 +43,7 @@ SMALL = {
 
 def call_step(root: Path, tmp_path: Path, step: str, env: dict | None = None) -> str:
     # the steps a lane waits for have finished
-    (tmp_path / "status.log").write_text("m_data ok 1 s\nm_baseline ok 1 s\n")
+    (tmp_path / "status.log").write_text("m_data ok 1 s\nm_baseline ok 1 s\nqp_data ok 1 s\n")
     env = {
         **os.environ,
         "W": str(tmp_path),
@@ -171,6 +171,51 @@ def test_the_lever_lanes_train_eagle3_only_and_benchmark_nothing(host_copy, tmp_
     assert {"synth_gather", "extract_gather", "vocab", "train[method=eagle3]"} <= jobs, sorted(jobs)
     assert not {j for j in jobs if j.startswith("bench") or "dflash" in j}, sorted(jobs)
     assert f"results/{run}/drafter/eagle3" in out
+
+
+@pytest.mark.parametrize(
+    ("step", "planned", "not_planned"),
+    [
+        ("qp_data", {"synth_gather", "extract_gather", "vocab"}, {"train[method=eagle3]"}),
+        ("qp_train_eagle3", {"train[method=eagle3]"}, {"train[method=eagle3_ttt4]"}),
+        ("qp_train_ttt4", {"train[method=eagle3_ttt4]"}, {"train[method=eagle3]"}),
+    ],
+)
+def test_the_on_policy_drafters_train_in_lanes_of_their_own(
+    host_copy, tmp_path, step, planned, not_planned
+):
+    """TTT depth 3 and 4 from the on-policy run's one extraction, each in its own lane, and
+    no bench job (their acceptance is measured by qp_tau); the variant differs in its depth."""
+    out = call_step(host_copy, tmp_path, step)
+    jobs = check_plan(out, step, planned, not_planned)
+    assert not {j for j in jobs if j.startswith("bench")}, sorted(jobs)
+    assert "results/gpu-quality-on-policy/" in out
+    levers = ("levers", "on_policy", "ttt4")
+    files = ["config/gpu-quality.yaml", *(f"lab/configs/gpu_quality_{x}.yaml" for x in levers)]
+    cfg = cfglib.load_files([host_copy / f for f in files])
+    ttt = {m: cfglib.drafter_train_config(cfg, m)["ttt_steps"] for m in cfg["train"]["methods"]}
+    assert ttt == {"eagle3": 3, "eagle3_ttt4": 4}
+
+
+def test_the_online_rounds_config_trains_online_on_the_one_gpu(host_copy, tmp_path):
+    """The host has one GPU: online, the extraction server shares the trainer's (a GPU of its
+    own would make the train job ask for two, refused before any job)."""
+    from smkcli import plan
+
+    files = [
+        "config/gpu-quality.yaml",
+        "lab/configs/gpu_quality_levers.yaml",
+        "lab/configs/gpu_quality_on_policy.yaml",
+        "lab/configs/gpu_online_rounds.yaml",
+    ]
+    args = ("--configfile", *(str(host_copy / f) for f in files), "--resources", "gpus=1")
+    jobs = plan(*args, "--config", "extract={mode: online}", repo=host_copy, workdir=tmp_path)
+    assert {j.gpus for j in jobs if j.rule == "train"} == {1}
+    assert not [j for j in jobs if j.rule.startswith("extract")]
+    jobs = plan(*args, "--config", "extract={mode: stored}", repo=host_copy, workdir=tmp_path)
+    assert {j.rule for j in jobs} >= {"extract", "train"}
+    cfg = cfglib.load_files([host_copy / f for f in files])
+    assert cfg["run"] == "gpu-online-rounds" and cfg["prompts"]["train"][0]["n"] == 4000
 
 
 BLOCKS = {
