@@ -235,7 +235,7 @@ q_train_on_policy() { q_train qp lab/configs/gpu_quality_on_policy.yaml; }
 # --slim (and :eagle3_ttt4).
 QP=results/gpu-quality-on-policy
 QP_CFG=(--nolock "${Q_ON_POLICY[@]}" lab/configs/gpu_quality_ttt4.yaml)
-GREEDY_HELDOUT=benchmarks/results/gpu_runs/quality-train-t1/gpu-quality-t1/prompts/bench_heldout.jsonl
+GREEDY_HELDOUT=benchmarks/results/gpu_runs/quality-train-t0/gpu-quality/prompts/bench_heldout.jsonl
 qp_data() { smk qp "${QP_CFG[@]}" --until extract_gather vocab; }
 qp_train_eagle3() { smk qp $QP/drafter/eagle3/metrics.json "${QP_CFG[@]}"; }
 qp_train_ttt4() {
@@ -290,17 +290,27 @@ q_tau_t1() { q_tau_measure h200_quality_t1_tau.json "$Q1/drafter/eagle3"; }
 # alternating rounds (config/gpu.yaml: 3 rounds, 96 tokens; 80 prompts a set, concurrency 1
 # and 8): only the quality run's target is made here (its held-out prompts are in the
 # repository), and the drafter carried in $W/drafters put back.
+speed_rounds() {  # speed_rounds RUN_DIR DRAFTER_DIR HELDOUT OUT_FILE (SPEED_T: temperatures)
+  python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
+    --target-json "$1/target/target.json" --drafter "eagle3:3=$2" --mtbench 80 --humaneval 80 \
+    --heldout "$3" --concurrency 1 8 --max-tokens 96 --temperatures ${SPEED_T:-0} --out "$W/bench/$4"
+}
 q_speed() {  # SPEED_T: the temperatures (default 0)
   smk q0 --configfile config/gpu-quality.yaml --until target || return
   unpack_q0 results/gpu-quality/target/model || return
-  python3 lab/drafter_tau.py --configfile config/gpu.yaml --speed \
-    --target-json results/gpu-quality/target/target.json --drafter "eagle3:3=$Q0_DRAFTER" \
-    --mtbench 80 --humaneval 80 \
-    --heldout benchmarks/results/gpu_runs/quality-train-t0/gpu-quality/prompts/bench_heldout.jsonl \
-    --concurrency 1 8 --max-tokens 96 --temperatures ${SPEED_T:-0} \
-    --out "$W/bench/h200_quality_speed_t${SPEED_T:-0}.json"
+  speed_rounds results/gpu-quality "$Q0_DRAFTER" "$GREEDY_HELDOUT" "h200_quality_speed_t${SPEED_T:-0}.json"
 }
 q_speed_t1() { SPEED_T=1 q_speed; }  # after q_speed: the same servers' settings at T = 1
+# An on-policy run's drafter (QP_SPEED_DRAFTER, default eagle3; its parts copied to $W/drafters
+# before start) timed as q_speed times the greedy one, alone on the GPU: the run's target made
+# here, the drafter put back onto it, the greedy drafter's held-out set
+qp_speed() {
+  local name=${QP_SPEED_DRAFTER:-eagle3}
+  smk qp "${QP_CFG[@]}" --until target || return
+  unpack_drafter $QP "$name" $QP/target/model || return
+  speed_rounds $QP "$QP/drafter/$name" "$GREEDY_HELDOUT" \
+    "h200_quality_on_policy_${name}_speed_t${SPEED_T:-0}.json"
+}
 curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
