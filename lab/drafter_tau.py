@@ -75,15 +75,22 @@ def packaged_target() -> dict:
     return target.load_info(tj)
 
 
-def bench_sets(cfg: dict, mtbench: int, humaneval: int = 0, heldout=None) -> dict[str, list]:
+def bench_sets(
+    cfg: dict, mtbench: int, humaneval: int = 0, heldout=None, mtbench_turns: int = 1
+) -> dict[str, list]:
     """Prompt sets as the prompts stage builds them: the first ``mtbench`` MT-Bench questions,
-    ``humaneval`` HumanEval problems, and a run's held-out set (a bench_heldout.jsonl)."""
+    ``humaneval`` HumanEval problems, and a run's held-out set (a bench_heldout.jsonl); with
+    ``mtbench_turns`` > 1 also ``mtbench_multi``: the same questions with their later turns,
+    each asked after the server's own answer (MT-Bench as EAGLE and SGLang measure it)."""
     sets = {}
+    multi = ("mtbench_multi", mtbench if mtbench_turns > 1 else 0)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, n in (("mtbench", mtbench), ("humaneval", humaneval)):
+        for name, n in (("mtbench", mtbench), ("humaneval", humaneval), multi):
             if not n:
                 continue
             spec = {"name": name, "source": name, "n": n}
+            if name == "mtbench_multi":
+                spec.update(source="mtbench", multi_turn=True, max_turns=mtbench_turns)
             out = Path(tmp) / f"{name}.jsonl"
             prompts.build_bench(cfg["prompts"], spec, out, Path(tmp) / f"{name}.json")
             sets[name] = list(iter_jsonl(out))
@@ -184,6 +191,12 @@ def main() -> None:
         "--drafter", action="append", required=True, metavar="METHOD:K=DIR", help="repeatable"
     )
     ap.add_argument("--mtbench", type=int, default=80, help="MT-Bench questions (first turns)")
+    ap.add_argument(
+        "--mtbench-turns",
+        type=int,
+        default=1,
+        help="above 1: also the set mtbench_multi, those questions with up to this many turns",
+    )
     ap.add_argument("--humaneval", type=int, default=0, help="HumanEval problems (0: none)")
     ap.add_argument("--heldout", help="a run's prompts/bench_heldout.jsonl")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
@@ -227,7 +240,7 @@ def main() -> None:
         "speculative_config": args.speculative_config,
     }
     tgt = target.load_info(args.target_json) if args.target_json else packaged_target()
-    sets = bench_sets(cfg, args.mtbench, args.humaneval, args.heldout)
+    sets = bench_sets(cfg, args.mtbench, args.humaneval, args.heldout, args.mtbench_turns)
 
     results = []
     rounds = bench_rounds(bench_cfg, cfg["vllm"])

@@ -744,3 +744,39 @@ def test_sampled_rows_without_the_cpu_fix_are_called_wrong():
             for p in bench_verdict.judge(sampled, CFG, cpu_sampling_fix=fix)["problems"]
         )
     assert bench_verdict.judge([run_row(1.3)], CFG, cpu_sampling_fix=False)["ok"]
+
+
+@pytest.mark.server
+def test_a_later_turn_is_asked_after_the_servers_own_answer(vllm_server):
+    """A row with later turns (MT-Bench's second question): the pass asks the first turn,
+    then the second with this server's own first answer before it; the figures cover both.
+    At T = 0 the second answer is the one a request with that conversation gets."""
+    import asyncio
+
+    from eagle3_pipeline.server import client as client_lib
+
+    first, second = "Name three primary colors.", "Now list them in reverse order."
+    row = {"id": "mt:1", "messages": [{"role": "user", "content": first}], "later_turns": [second]}
+    cfg = {"max_tokens": 24, "request_timeout_s": 300}
+    both = measure.one_pass(vllm_server, [row], 0.0, 1, cfg, spec=False)
+    alone = measure.one_pass(vllm_server, [{**row, "later_turns": []}], 0.0, 1, cfg, spec=False)
+    assert both["requests"] == 2 and alone["requests"] == 1
+    turn1 = alone["outputs"][0]
+    assert both["outputs"][0][: len(turn1)] == turn1 and len(both["outputs"][0]) > len(turn1)
+    assert both["output_tokens"] == len(both["outputs"][0])
+
+    async def direct():
+        async with client_lib.async_client(vllm_server.base_url, timeout=300, max_retries=0) as c:
+            one = await client_lib.chat(
+                c, measure.request_body(row, vllm_server.model_name, 0, 0.0, cfg)
+            )
+            answer = one["choices"][0]["message"]["content"]
+            messages = [
+                *row["messages"],
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": second},
+            ]
+            body = measure.request_body({"messages": messages}, vllm_server.model_name, 0, 0.0, cfg)
+            return (await client_lib.chat(c, body))["choices"][0]["token_ids"]
+
+    assert both["outputs"][0][len(turn1) :] == asyncio.run(direct())

@@ -170,6 +170,16 @@ INVALID = {
         ],
         ["`prompts.bench`", "'heldout' is the name of the set that prompts.heldout takes"],
     ),
+    "mtbench's later turns in the training pool": (
+        "prompts.train",
+        [{"source": "sharegpt", "n": 20}, {"source": "mtbench", "multi_turn": True}],
+        ["`prompts.train[1].multi_turn`", "only for sources sharegpt, file here", "prompts.bench"],
+    ),
+    "each_turn on a benchmark source": (
+        "prompts.bench",
+        [{"source": "mtbench"}, {"source": "humaneval", "each_turn": True}],
+        ["`prompts.bench[1].each_turn`", "only for sources sharegpt and file"],
+    ),
     "api key without endpoint": (
         "synth.api_key_env",
         "MY_KEY",
@@ -181,6 +191,12 @@ INVALID = {
         ["`synth.jobs`", "161 jobs for at most 160 prompts", "at most 160"],
     ),
 }
+
+
+def test_mtbench_with_its_later_turns_is_a_benchmark_set():
+    multi = {"name": "mtbench_multi", "source": "mtbench", "multi_turn": True}
+    cfg = set_key(default(), "prompts.bench", [*default()["prompts"]["bench"], multi])
+    cfglib.validate(cfg)
 
 
 def test_servers_share_a_gpu_only_at_tensor_parallel_size_1():

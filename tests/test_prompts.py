@@ -597,8 +597,46 @@ def test_mtbench_and_humaneval_normalized():
     assert he[0]["messages"][0]["content"].endswith('    """\n```')
     for r in mt + he:
         prompts.validate_row(r)
-    with pytest.raises(ValueError, match="multi_turn and each_turn are only for sharegpt and file"):
-        prompts.collect({"source": "mtbench", "multi_turn": True}, "bench", 0, 8000, 0.5)
+    with pytest.raises(ValueError, match="multi_turn is only for sharegpt and file sources, and"):
+        prompts.collect({"source": "mtbench", "multi_turn": True}, "train", 0, 8000, 0.5)
+    with pytest.raises(ValueError, match="each_turn is only for sharegpt and file"):
+        prompts.collect({"source": "mtbench", "each_turn": True}, "bench", 0, 8000, 0.5)
+    with pytest.raises(ValueError, match="multi_turn is only"):
+        prompts.collect({"source": "humaneval", "multi_turn": True}, "bench", 0, 8000, 0.5)
+
+
+def test_mtbench_in_a_bench_set_keeps_its_later_turns_for_the_server_to_ask():
+    """multi_turn on MT-Bench in prompts.bench: the first question is the prompt, the second
+    is asked after the measured server's own answer (later_turns); length and duplicate checks
+    cover both questions."""
+    src = prompts.packaged_file("mtbench")
+    q0 = json.loads(src.read_text().splitlines()[0])
+    spec = {"source": "mtbench", "multi_turn": True}
+    mt, st = prompts.collect(spec, "bench", 0, 8000, 0.5)
+    assert len(mt) == 80 and all(len(r["later_turns"]) == 1 for r in mt)
+    assert mt[0]["messages"] == [m("user", q0["turns"][0])]
+    assert mt[0]["later_turns"] == [q0["turns"][1]]
+    for r in mt:
+        prompts.validate_row(r)
+    one, _ = prompts.collect({**spec, "max_turns": 1}, "bench", 0, 8000, 0.5)
+    assert not any("later_turns" in r for r in one)
+    # a question pair over max_chars is skipped though its first question alone is not
+    first = len(q0["turns"][0])
+    short, st = prompts.collect(spec, "bench", 0, first + 1, 0.99)
+    assert "mtbench:81" not in {r["id"] for r in short} and st["skipped"]["over_length"] > 0
+    with pytest.raises(ValueError, match="later_turns is not a list of strings"):
+        prompts.validate_row({**mt[0], "later_turns": [1]})
+
+
+def test_a_later_turns_context_counts_the_answers_before_it(bench_context):
+    """The second question is asked after an answer of up to bench.max_tokens: the prompt it
+    is asked with is counted with that much room for it."""
+    row = {"id": "x", "messages": [m("user", "Hello there.")], "later_turns": ["And then?"]}
+    alone = bench_context.tokens(row["messages"])
+    both = prompts.selection.context_tokens(row, bench_context)
+    assert both > alone + bench_context.answer_tokens == alone + 96
+    kept, skipped = prompts.fit_context([row], bench_context, "bench/x", 0.5)
+    assert kept == [row] and skipped is None
 
 
 def test_build_config_errors(tmp_path):

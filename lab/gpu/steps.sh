@@ -229,7 +229,8 @@ q_train_on_policy() { q_train qp lab/configs/gpu_quality_on_policy.yaml; }
 # the data is made (the run's journal carried in with `unpack`: synth asks for nothing), each
 # drafter's acceptance measured as soon as it is trained (counted, not timed: beside the other
 # lane's training) at T = 0 and 1 on the run's own held-out set, which is the greedy drafter's
-# (the same prompts config and seed; qp_tau compares the files):
+# (the same prompts config and seed; qp_tau compares the files), and on MT-Bench with its second
+# turns too (mtbench_multi: each asked after the drafter's server's own first answer):
 #   start facts "qp_data,qp_train_eagle3,qp_tau_eagle3+qp_train_ttt4,qp_tau_ttt4"
 # Copy each drafter off as soon as it is trained: collect --drafters gpu-quality-on-policy:eagle3
 # --slim (and :eagle3_ttt4).
@@ -247,7 +248,8 @@ qp_tau() {  # qp_tau DRAFTER
   else
     echo "held-out set: differs from the greedy 19k drafter's ($GREEDY_HELDOUT)"
   fi
-  Q_TAU_RUN=$QP Q_TAU_T="0 1" q_tau_measure "h200_quality_on_policy_$1_tau.json" "$QP/drafter/$1"
+  Q_TAU_RUN=$QP Q_TAU_T="0 1" Q_TAU_FLAGS="--mtbench-turns 2" \
+    q_tau_measure "h200_quality_on_policy_$1_tau.json" "$QP/drafter/$1"
 }
 qp_tau_eagle3() { qp_tau eagle3; }
 qp_tau_ttt4() { qp_tau eagle3_ttt4; }
@@ -274,7 +276,7 @@ q_tau_measure() {  # q_tau_measure OUT_FILE DRAFTER_DIR...  (Q_TAU_RUN: the run 
   python3 lab/drafter_tau.py --configfile config/gpu.yaml "$Q_LEVERS" \
     --target-json "$run/target/target.json" "${d[@]}" --mtbench 80 --humaneval 80 \
     --heldout "$run/prompts/bench_heldout.jsonl" --temperatures ${Q_TAU_T:-0 0.01 1} \
-    --out "$W/bench/$out"
+    ${Q_TAU_FLAGS:-} --out "$W/bench/$out"
 }
 q_tau_t0() {
   local t=0

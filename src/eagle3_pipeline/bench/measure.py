@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..prompts.rows import LATER_TURNS
 from ..runtime import for_each
 from ..runtime.gpus import nvidia_smi_rows
 from ..server import client as client_lib
@@ -136,21 +137,30 @@ async def _pass(
     results: list[dict | None] = [None] * len(prompts)
 
     async def go(client, i: int) -> None:
-        t0 = time.monotonic()
-        try:
-            data = await client_lib.chat(
-                client, request_body(prompts[i], model, i, temperature, cfg)
-            )
-        except openai.APIError as e:
-            raise BenchError(
-                f"request {i} (prompt {prompts[i].get('id')!r}) failed: {type(e).__name__}: "
-                f"{str(e)[:300]}"
-            ) from e
-        results[i] = {
-            "latency_s": time.monotonic() - t0,
-            "token_ids": data["choices"][0].get("token_ids") or [],
-            "tokens": data["usage"]["completion_tokens"],
-        }
+        # a row with later turns is a conversation: each turn asked after this server's own
+        # answer to the ones before it; its figures cover every turn
+        t0, messages, token_ids, tokens = time.monotonic(), list(prompts[i]["messages"]), [], 0
+        answer = ""
+        for turn, user in enumerate([None, *prompts[i].get(LATER_TURNS, ())]):
+            if user is not None:
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": user},
+                ]
+            body = request_body({"messages": messages}, model, i, temperature, cfg)
+            try:
+                data = await client_lib.chat(client, body)
+            except openai.APIError as e:
+                raise BenchError(
+                    f"request {i} (prompt {prompts[i].get('id')!r}"
+                    + (f", turn {turn + 1}" if turn else "")
+                    + f") failed: {type(e).__name__}: {str(e)[:300]}"
+                ) from e
+            choice = data["choices"][0]
+            answer = choice["message"].get("content") or ""
+            token_ids += choice.get("token_ids") or []
+            tokens += data["usage"]["completion_tokens"]
+        results[i] = {"latency_s": time.monotonic() - t0, "token_ids": token_ids, "tokens": tokens}
 
     # No retries: a retried request would distort the timing; a failure is an error.
     client = client_lib.async_client(base_url, timeout=cfg["request_timeout_s"], max_retries=0)
@@ -160,7 +170,7 @@ async def _pass(
         wall = time.monotonic() - t0
     tokens = sum(r["tokens"] for r in results)
     return {
-        "requests": len(prompts),
+        "requests": sum(1 + len(p.get(LATER_TURNS, ())) for p in prompts),
         "output_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall else None,

@@ -24,6 +24,7 @@ from .. import methods
 from ..engine import cpu_fixes as vllm_cpu_fixes
 from ..engine.spec import seeded_sampling_args, served_dtype, spec_for_target
 from ..methods import consistency, predicted_acceptance_length
+from ..prompts.selection import context_tokens
 from ..runtime.files import read_json, sha256_file, write_json
 from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
@@ -152,7 +153,7 @@ def check_context(target_json, sets: dict[str, list[dict]], cfg: dict, vllm_cfg:
         f"{name}/{p['id']} ({tokens} tokens)"
         for name, prompts in sets.items()
         for p in prompts
-        if (tokens := context.tokens(p["messages"])) > context.max_tokens
+        if (tokens := context_tokens(p, context)) > context.max_tokens
     ]
     if over:
         raise BenchError(

@@ -102,6 +102,22 @@ def check_semantics(cfg: dict) -> list[str]:
                     )
                 elif not Path(src["path"]).expanduser().is_file():
                     problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
+            turns_ok = ("sharegpt", "file", *(("mtbench",) if key == "prompts.bench" else ()))
+            if src.get("multi_turn") and src["source"] not in turns_ok:
+                problems.append(
+                    f"config key `{where}.multi_turn`: only for sources "
+                    f"{', '.join(turns_ok)} here"
+                    + (
+                        " (mtbench's later turns are asked after the measured model's own "
+                        "answers: in prompts.bench)"
+                        if src["source"] == "mtbench"
+                        else ""
+                    )
+                )
+            if src.get("each_turn") and src["source"] not in ("sharegpt", "file"):
+                problems.append(
+                    f"config key `{where}.each_turn`: only for sources sharegpt and file"
+                )
             if src["source"] == "file" and not src.get("path"):
                 continue
             name = source_name(src)

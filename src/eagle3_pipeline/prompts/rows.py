@@ -26,6 +26,19 @@ HUMANEVAL_INSTRUCTION = (
 )
 
 
+# A benchmark row's user turns asked after the model's own answer to the turns before them
+# (MT-Bench's second question, as EAGLE and SGLang measure MT-Bench): no dataset answer stands
+# between them, so they are asked of the server being measured, turn by turn
+LATER_TURNS = "later_turns"
+
+
+def all_turns(row: dict) -> list[dict]:
+    """A row's prompt messages, then its later user turns as messages (what its length and
+    duplicate checks cover); the answers between them are the model's."""
+    later = [{"role": "user", "content": t} for t in row.get(LATER_TURNS, ())]
+    return [*row["messages"], *later]
+
+
 class Malformed(ValueError):
     """A row that cannot become a prompt; the message is the reason's detail."""
 
@@ -131,6 +144,11 @@ def normalize_row(
             raise Malformed("no first turn")
         if isinstance(raw.get("category"), str):
             extra["category"] = raw["category"]
+        later = turns[1:max_turns] if multi_turn else []
+        if not all(isinstance(t, str) for t in later):
+            raise Malformed("a later turn is not a string")
+        if later:
+            extra[LATER_TURNS] = later
         return rid, [{"role": "user", "content": turns[0]}], extra
     if kind == "humaneval":
         rid, prompt = raw.get("task_id"), raw.get("prompt")
@@ -187,3 +205,6 @@ def validate_row(row: Any) -> None:
             raise ValueError(f"prompt row {row['id']}: bad message {m!r:.200}")
     if msgs[-1]["role"] != "user":
         raise ValueError(f"prompt row {row['id']}: the last message is not a user turn")
+    later = row.get(LATER_TURNS, [])
+    if not isinstance(later, list) or not all(isinstance(t, str) for t in later):
+        raise ValueError(f"prompt row {row['id']}: {LATER_TURNS} is not a list of strings")

@@ -12,7 +12,15 @@ from typing import Any
 
 from ..config import source_name
 from ..runtime.files import sha256_bytes
-from .rows import Malformed, dedupe_key, normalize_row, problem, user_turn_prefixes
+from .rows import (
+    LATER_TURNS,
+    Malformed,
+    all_turns,
+    dedupe_key,
+    normalize_row,
+    problem,
+    user_turn_prefixes,
+)
 from .sources import read_source
 
 # the package's logger: a job's log reads as before the package was split into modules
@@ -67,11 +75,12 @@ def filter_rows(
             else [(rid, messages)]
         )
         for sid, sample in samples:
-            reason = problem(sample, max_chars)
+            turns = all_turns({"messages": sample, **extra})
+            reason = problem(turns, max_chars)
             if reason:
                 counts["skipped"][reason] += 1
                 continue
-            key = dedupe_key(sample)
+            key = dedupe_key(turns)
             if key in seen:
                 counts["duplicates"] += 1
                 continue
@@ -129,10 +138,17 @@ def collect(
     spec = {**SOURCE_DEFAULTS, **spec}
     kind, name = spec["source"], source_name(spec)
     where = f"{split}/{name}"
-    if (spec["multi_turn"] or spec["each_turn"]) and kind not in ("sharegpt", "file"):
+    bench_turns = kind == "mtbench" and split == "bench"  # asked after the model's answers
+    if spec["each_turn"] and kind not in ("sharegpt", "file"):
         raise ValueError(
-            f"prompt source {where}: multi_turn and each_turn are only for sharegpt and file "
-            "sources (the later turns of a benchmark need the model's answers)"
+            f"prompt source {where}: each_turn is only for sharegpt and file sources (a "
+            "benchmark's later turns have no answers before them)"
+        )
+    if spec["multi_turn"] and kind not in ("sharegpt", "file") and not bench_turns:
+        raise ValueError(
+            f"prompt source {where}: multi_turn is only for sharegpt and file sources, and for "
+            "mtbench in prompts.bench (its later turns are asked after the measured model's own "
+            "answers, which a training prompt does not have)"
         )
     t0 = time.monotonic()
     raws, info = read_source(spec)
@@ -179,6 +195,18 @@ def collect(
     return picked, stats
 
 
+def context_tokens(row: dict, context) -> int:
+    """The tokens of a row's prompt as the server sees it; with later turns, of its last
+    turn's, each answer before it counted at the most it may take (``context.answer_tokens``)."""
+    later = row.get(LATER_TURNS, ())
+    if not later:
+        return context.tokens(row["messages"])
+    messages = list(row["messages"])
+    for turn in later:
+        messages += [{"role": "assistant", "content": ""}, {"role": "user", "content": turn}]
+    return context.tokens(messages) + len(later) * context.answer_tokens
+
+
 def fit_context(
     rows: list[dict], context, where: str, max_bad_fraction: float
 ) -> tuple[list[dict], dict | None]:
@@ -190,7 +218,7 @@ def fit_context(
     when more than ``max_bad_fraction`` of them are over it."""
     kept, over = [], []
     for row in rows:
-        tokens = context.tokens(row["messages"])
+        tokens = context_tokens(row, context)
         if tokens > context.max_tokens:
             over.append({"id": row["id"], "tokens": tokens})
         else:

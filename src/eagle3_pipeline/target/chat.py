@@ -54,6 +54,7 @@ class ContextLimit:
     max_tokens: int
     why: str
     answer_key: str
+    answer_tokens: int = 0  # the most tokens an answer takes (a later turn's context holds them)
 
     def tokens(self, messages: list[dict]) -> int:
         return len(
@@ -93,4 +94,5 @@ def context_limit(
         max_tokens=limit,
         why=f"vllm.max_model_len {max_model_len} - {answer_key} {answer_tokens}",
         answer_key=answer_key,
+        answer_tokens=answer_tokens,
     )
