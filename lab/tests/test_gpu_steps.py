@@ -421,6 +421,58 @@ def test_the_rounds_step_puts_a_carried_drafter_back_first(host_copy, tmp_path):
     assert "drafter_tau" not in proc.stdout
 
 
+def test_the_on_policy_tau_step_measures_a_drafter_on_both_mtbench_sets(host_copy, tmp_path):
+    """qp_tau: the run's own target and held-out set, T = 0 and 1, MT-Bench also with its
+    second turns; it says whether the held-out set is the greedy drafter's."""
+    run = "results/gpu-quality-on-policy"
+    made = [host_copy / run / f for f in ("target/target.json", "drafter/eagle3/model.safetensors")]
+    heldout = host_copy / run / "prompts" / "bench_heldout.jsonl"
+    greedy = "benchmarks/results/gpu_runs/quality-train-t0/gpu-quality/prompts/bench_heldout.jsonl"
+    try:
+        for f in made:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text("")
+        heldout.parent.mkdir(parents=True)
+        shutil.copy2(REPO / greedy, heldout)
+        (host_copy / greedy).parent.mkdir(parents=True)  # (the host has the whole checkout)
+        shutil.copy2(REPO / greedy, host_copy / greedy)
+        out = call_step(host_copy, tmp_path, "qp_tau_eagle3", echo_python(tmp_path))
+    finally:
+        shutil.rmtree(host_copy / run)
+        shutil.rmtree(host_copy / "benchmarks" / "results", ignore_errors=True)
+    said, call = out.splitlines()
+    assert said == "held-out set: the greedy 19k drafter's"
+    args = call.split()
+    assert args[0] == "lab/drafter_tau.py" and "--speed" not in args
+    assert args[args.index("--target-json") + 1] == f"{run}/target/target.json"
+    assert args[args.index("--heldout") + 1] == f"{run}/prompts/bench_heldout.jsonl"
+    assert args[args.index("--mtbench-turns") + 1] == "2"
+    t = args.index("--temperatures")
+    assert args[t + 1 : t + 3] == ["0", "1"] and args[t + 3].startswith("--")
+    assert args[args.index("--drafter") + 1] == f"eagle3:3={run}/drafter/eagle3"
+    assert args[-1].endswith("/bench/h200_quality_on_policy_eagle3_tau.json")
+
+
+def test_the_on_policy_speed_step_puts_the_carried_drafter_back(host_copy, tmp_path):
+    parts = tmp_path / "drafters"
+    parts.mkdir()
+    (parts / "gpu-quality-on-policy-drafters-eagle3_ttt4.tar.part00").write_text("")
+    env = {**echo_python(tmp_path), "QP_SPEED_DRAFTER": "eagle3_ttt4"}
+    calls = call_step(host_copy, tmp_path, "qp_speed", env).splitlines()
+    run = "results/gpu-quality-on-policy"
+    assert calls[0].startswith("-m snakemake") and "--until target" in calls[0]
+    assert calls[1].split()[:5] == [
+        "lab/gpu/unpack_drafters.py", "--into", ".", "--target-model", f"{run}/target/model"
+    ]  # fmt: skip
+    args = calls[2].split()
+    assert "--speed" in args and args[args.index("--drafter") + 1] == (
+        f"eagle3:3={run}/drafter/eagle3_ttt4"
+    )
+    greedy = "benchmarks/results/gpu_runs/quality-train-t0/gpu-quality/prompts/bench_heldout.jsonl"
+    assert args[args.index("--heldout") + 1] == greedy
+    assert args[-1].endswith("h200_quality_on_policy_eagle3_ttt4_speed_t0.json")
+
+
 def _poll(tmp_path: Path, *args: str) -> subprocess.Popen:
     plan = subprocess.Popen(["sleep", "60"])  # stands in for the running plan
     (tmp_path / "plan.pid").write_text(str(plan.pid))
