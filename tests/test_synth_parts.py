@@ -78,6 +78,35 @@ def test_the_store_reads_every_part_and_the_single_journal_of_its_fingerprint(tm
     assert len(other.read()) == 1
 
 
+def test_the_store_holds_what_bookkeeping_needs_and_reads_the_rest_one_at_a_time(tmp_path):
+    """A part's start and the gather hold every entry at once: without the token ids, the
+    messages and the reasoning (the answer's text only for on-policy contexts), each with
+    where it lies; the whole entries come back one at a time, in the order asked, and a line
+    torn by a kill is neither read nor kept."""
+    ps = [prompt(i) for i in range(3)]
+    store = answers.AnswerStore(tmp_path, "a" * 64)
+    whole = [entry(ps[0], latency_s=1.5), entry(ps[1], "failed"), entry(ps[2], latency_s=2.5)]
+    j = store.journal(0, 1)
+    for e in whole:
+        j.append(e)
+    j.close()
+    with open(store.journals()[0], "a") as fh:
+        fh.write('{"status":"ok","key":"torn')
+    lean = store.read()
+    assert [e["id"] for e in lean] == ["t:0", "t:1", "t:2"]
+    for e in lean:
+        assert not set(answers.RECORD_ONLY) & e.keys() and "content" not in e
+    assert lean[1]["error"] == "x: y" and lean[0]["latency_s"] == 1.5
+    assert [e.get("content") for e in store.read(content=True)] == [
+        whole[0]["content"], None, whole[2]["content"]
+    ]  # fmt: skip
+    assert list(store.full([lean[2], lean[0]])) == [whole[2], whole[0]]
+    j = store.journal(0, 1)  # appending after the torn line: dropped, not kept in memory
+    j.append(entry(prompt(3)))
+    j.close()
+    assert [e["id"] for e in store.read()] == ["t:0", "t:1", "t:2", "t:3"]
+
+
 def test_the_merge_is_in_prompt_order_whatever_the_parts(tmp_path, target_json):
     """Answers journaled by 3 parts, or by 1: the same merged bytes."""
     from eagle3_pipeline.target import load_info

@@ -122,29 +122,39 @@ class AppendLog:
         self._since_sync = 0
 
     def read(self) -> list[dict]:
-        rows, _ = self._scan()
-        return rows
+        return [row for _, _, row in self.records()]
 
-    def _scan(self) -> tuple[list[dict], int]:
-        """Return complete records and the byte offset just past the last complete one."""
+    def records(self) -> Iterator[tuple[int, int, dict]]:
+        """Each complete record with the byte offsets where its line starts and ends, one at
+        a time (a journal may be larger than memory); a torn last line is left out."""
         if not self.path.exists():
-            return [], 0
-        rows, good_end, pos = [], 0, 0
+            return
+        pos = 0
         with open(self.path, "rb") as fh:
             for raw in fh:
-                pos += len(raw)
                 if not raw.endswith(b"\n"):
-                    break
+                    return
                 try:
-                    rows.append(json.loads(raw))
+                    row = json.loads(raw)
                 except json.JSONDecodeError:
-                    break
-                good_end = pos
+                    return
+                yield pos, pos + len(raw), row
+                pos += len(raw)
+
+    def _scan(self, keep: bool = True) -> tuple[list[dict], int]:
+        """Return the complete records (none unless ``keep``) and the byte offset just past
+        the last complete one."""
+        rows, good_end = [], 0
+        for _, end, row in self.records():
+            if keep:
+                rows.append(row)
+            good_end = end
         return rows, good_end
 
-    def open(self) -> list[dict]:
-        """Open for appending after dropping any torn tail; return the complete records."""
-        rows, good_end = self._scan()
+    def open(self, keep: bool = True) -> list[dict]:
+        """Open for appending after dropping any torn tail; return the complete records
+        (none unless ``keep``: a journal larger than memory is appended to without them)."""
+        rows, good_end = self._scan(keep)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and self.path.stat().st_size != good_end:
             with open(self.path, "rb+") as fh:

@@ -20,11 +20,15 @@ journals of other fingerprints once the merged output is written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import re
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ..config import RESULT_KEYS
 from ..runtime.files import AppendLog, read_json, stable_hash
@@ -44,6 +48,12 @@ ANSWER_FORMAT = 1
 # Which entry of a prompt counts when there are several: an answer over a rejection over a
 # failure; among equals, the later one (journals in a fixed order, lines in file order).
 STATUS_RANK = {"ok": 2, "rejected": 1, "failed": 0}
+# What only a merged record needs of a journal entry: the token ids, the messages sent, the
+# reasoning (and, unless on-policy contexts are built from it, the answer's text). The entries
+# held for every prompt at once (a part's start, the gather's walk) leave them out, so that
+# 0.4-2M long answers need not fit in memory; AnswerStore.full reads them back one at a time.
+RECORD_ONLY = ("messages", "prompt_token_ids", "completion_token_ids", "reasoning")
+AT = "at"  # where AnswerStore.read found an entry: (journal path, byte offset of its line)
 LEGACY_JOURNAL = "journal.jsonl"
 PART_JOURNAL = re.compile(r"journal\.part-(\d+)-of-(\d+)\.jsonl$")
 
@@ -148,14 +158,38 @@ class AnswerStore:
             found.insert(0, self.work_dir / LEGACY_JOURNAL)
         return found
 
-    def read(self) -> list[dict]:
-        """Every complete entry of every journal (a torn last line is left out)."""
-        return [e for path in self.journals() for e in AppendLog(path).read()]
+    def read(self, content: bool = False) -> list[dict]:
+        """Every complete entry of every journal (a torn last line is left out), without what
+        only a record needs (:data:`RECORD_ONLY`; the answer's ``content`` too unless asked
+        for), each with where it lies (:data:`AT`) for :meth:`full`."""
+        drop = set(RECORD_ONLY) | (set() if content else {"content"})
+        out = []
+        for path in self.journals():
+            where = str(path)
+            for start, _, entry in AppendLog(path).records():
+                for k in drop & entry.keys():
+                    del entry[k]
+                entry[AT] = (where, start)
+                out.append(entry)
+        return out
+
+    def full(self, entries: Iterable[dict]) -> Iterator[dict]:
+        """The whole journal entry of each of ``entries`` (as :meth:`read` gives them), in
+        their order, read from its journal one at a time."""
+        with contextlib.ExitStack() as stack:
+            files: dict[str, Any] = {}
+            for entry in entries:
+                path, start = entry[AT]
+                if path not in files:
+                    files[path] = stack.enter_context(open(path, "rb"))
+                fh = files[path]
+                fh.seek(start)
+                yield json.loads(fh.readline())
 
     def journal(self, part: int, parts: int) -> AppendLog:
         """Part ``part`` of ``parts``'s own journal, opened for appending."""
         log_ = AppendLog(self.dir / part_journal_name(part, parts))
-        log_.open()
+        log_.open(keep=False)
         return log_
 
     def record_run(self, part: int, parts: int, run: dict) -> None:

@@ -441,7 +441,8 @@ def run_part(
     check_tools(target, cfg)  # a parser the check cannot use fails now, not after the answers
     store = AnswerStore(work_dir, fingerprint(target, cfg, vllm_cfg))
     max_model_len = vllm_cfg["max_model_len"]
-    work = part_work(prompts, store.read(), part, parts, cfg, max_model_len)
+    contexts = on_policy(cfg)  # an on-policy turn's context holds the answers before it
+    work = part_work(prompts, store.read(contexts), part, parts, cfg, max_model_len)
     mine, todo = work.mine, work.todo
     if not mine:
         log.warning(
@@ -483,7 +484,7 @@ def run_part(
                     asking = generate(endpoints, todo, cfg, journal, progress, max_model_len)
                 outcome = asyncio.run(asking)
     except ServerError as e:
-        kept = part_work(prompts, store.read(), part, parts, cfg, max_model_len).reused
+        kept = part_work(prompts, store.read(contexts), part, parts, cfg, max_model_len).reused
         raise SynthError(
             f"the vLLM server died mid-run; {kept} of {work.requests} answers of part {part} "
             f"are kept in {store.dir} and a re-run resumes from them.\n{e}"
@@ -502,7 +503,7 @@ def run_part(
             },
         )
     # (a conversation's rows are all in its part: the part's own prompts resolve alike)
-    last, skipped = outcomes(mine, store.read(), cfg)
+    last, skipped = outcomes(mine, store.read(contexts), cfg)
     status, errors = answer_counts(last, mine, skipped)
     check_failed_fraction(status, errors, len(mine), cfg, f"prompts of part {part}")
     manifest = {
@@ -566,7 +567,7 @@ def gather(
     }
     stats = finalize(
         prompts,
-        store.read(),
+        store.read(on_policy(cfg)),
         records_out,
         stats_out,
         cfg,
@@ -575,6 +576,7 @@ def gather(
         this_run,
         store.runs(),
         work_dir=store.dir,
+        load=store.full,
     )
     store.discard_others()
     return stats
@@ -647,7 +649,11 @@ def finalize(
     this_run: dict,
     history: list[dict],
     work_dir=None,
+    load=None,
 ) -> dict:
+    """The merged records (in the pool's order) and the stage's stats from the journals'
+    ``entries``; ``load`` gives the whole entries of those that are answers, in their order
+    (:meth:`.answers.AnswerStore.full`, for entries read without what only a record needs)."""
 
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
@@ -665,10 +671,8 @@ def finalize(
 
     def records():
         nonlocal prompt_tokens, completion_tokens, with_reasoning
-        for p in prompts:
-            e = last.get(p["id"])
-            if not e or e["status"] != "ok":
-                continue
+        answers = (e for p in prompts if (e := last.get(p["id"])) and e["status"] == "ok")
+        for e in (load or iter)(answers):
             # the record is what the target answered; how long it took (which changes from
             # run to run) stays in the journal and the stats, so equal answers give equal bytes
             rec = {k: v for k, v in e.items() if k not in JOURNAL_ONLY}
