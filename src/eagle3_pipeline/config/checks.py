@@ -54,6 +54,8 @@ def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
 
 def check_semantics(cfg: dict) -> list[str]:
     """Checks that span keys or touch the file system; each returns a readable problem."""
+    from ..prompts.selection import turns_problem  # (the prompts package imports the config)
+
     problems: list[str] = []
     t = cfg["target"]
     if t["source"] in ("local", "hub") and not t["path"]:
@@ -102,22 +104,10 @@ def check_semantics(cfg: dict) -> list[str]:
                     )
                 elif not Path(src["path"]).expanduser().is_file():
                     problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
-            turns_ok = ("sharegpt", "file", *(("mtbench",) if key == "prompts.bench" else ()))
-            if src.get("multi_turn") and src["source"] not in turns_ok:
-                problems.append(
-                    f"config key `{where}.multi_turn`: only for sources "
-                    f"{', '.join(turns_ok)} here"
-                    + (
-                        " (mtbench's later turns are asked after the measured model's own "
-                        "answers: in prompts.bench)"
-                        if src["source"] == "mtbench"
-                        else ""
-                    )
-                )
-            if src.get("each_turn") and src["source"] not in ("sharegpt", "file"):
-                problems.append(
-                    f"config key `{where}.each_turn`: only for sources sharegpt and file"
-                )
+            split = key.rpartition(".")[2]  # train or bench
+            wrong = turns_problem(src["source"], split, src.get("multi_turn"), src.get("each_turn"))
+            if wrong:
+                problems.append(f"config key `{where}.{wrong[0]}`: {wrong[1]}")
             if src["source"] == "file" and not src.get("path"):
                 continue
             name = source_name(src)

@@ -131,6 +131,21 @@ def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> flo
     return frac
 
 
+def turns_problem(kind: str, split: str, multi_turn: bool, each_turn: bool):
+    """``(key, why)`` when a source cannot keep the turns asked of it, else None: a
+    conversation's turns need the answers between them, which ShareGPT and files have; MT-Bench's
+    later questions are asked after the measured server's own answers, in a benchmark set only."""
+    if each_turn and kind not in ("sharegpt", "file"):
+        return "each_turn", "is only for sources sharegpt and file (no answers between the turns)"
+    if multi_turn and kind not in ("sharegpt", "file") and (kind, split) != ("mtbench", "bench"):
+        return "multi_turn", (
+            "is only for sources sharegpt and file, and mtbench in prompts.bench (its later "
+            "questions are asked after the measured server's own answers, which a training "
+            "prompt does not have)"
+        )
+    return None
+
+
 def collect(
     spec: dict, split: str, seed: int, max_chars: int, max_bad_fraction: float
 ) -> tuple[list[dict], dict]:
@@ -138,18 +153,9 @@ def collect(
     spec = {**SOURCE_DEFAULTS, **spec}
     kind, name = spec["source"], source_name(spec)
     where = f"{split}/{name}"
-    bench_turns = kind == "mtbench" and split == "bench"  # asked after the model's answers
-    if spec["each_turn"] and kind not in ("sharegpt", "file"):
-        raise ValueError(
-            f"prompt source {where}: each_turn is only for sharegpt and file sources (a "
-            "benchmark's later turns have no answers before them)"
-        )
-    if spec["multi_turn"] and kind not in ("sharegpt", "file") and not bench_turns:
-        raise ValueError(
-            f"prompt source {where}: multi_turn is only for sharegpt and file sources, and for "
-            "mtbench in prompts.bench (its later turns are asked after the measured model's own "
-            "answers, which a training prompt does not have)"
-        )
+    wrong = turns_problem(kind, split, spec["multi_turn"], spec["each_turn"])
+    if wrong:
+        raise ValueError(f"prompt source {where}: {wrong[0]} {wrong[1]}")
     t0 = time.monotonic()
     raws, info = read_source(spec)
     rows, counts = filter_rows(
