@@ -545,6 +545,8 @@ OPERATIONAL_CHANGES = {
         "server_args": ["--max-num-seqs", "4"],
         "hybrid_disk_gib": 1,
         "servers": 2,
+        "colocate": True,
+        "colocated_gpu_memory": 0.3,
         "endpoints": ["http://127.0.0.1:9/v1"],
     },
     "train": {"num_workers": 3, "log_freq": 5},
@@ -1016,8 +1018,9 @@ def test_an_extraction_change_in_online_mode_replans_train_and_what_follows(onli
 
 def test_operational_extraction_keys_in_online_mode_rerun_nothing(online_done):
     change = (
-        "extract={mode: online, servers: 2, concurrency: 3, hybrid_disk_gib: 1, "
-        "endpoints: [http://inference-node:8000/v1], min_next_token_agreement: 0.5}"
+        "extract={mode: online, servers: 2, concurrency: 3, hybrid_disk_gib: 1, colocate: true, "
+        "colocated_gpu_memory: 0.3, endpoints: [http://inference-node:8000/v1], "
+        "min_next_token_agreement: 0.5}"
     )
     out = snakemake("-n", "--config", change, repo=online_done).output
     assert "Nothing to be done" in out, out
