@@ -141,26 +141,17 @@ class AppendLog:
                 yield pos, pos + len(raw), row
                 pos += len(raw)
 
-    def _scan(self, keep: bool = True) -> tuple[list[dict], int]:
-        """Return the complete records (none unless ``keep``) and the byte offset just past
-        the last complete one."""
-        rows, good_end = [], 0
-        for _, end, row in self.records():
-            if keep:
-                rows.append(row)
+    def open(self) -> None:
+        """Open for appending after dropping any torn tail (the records are not held: a
+        journal may be larger than memory)."""
+        good_end = 0
+        for _, end, _ in self.records():
             good_end = end
-        return rows, good_end
-
-    def open(self, keep: bool = True) -> list[dict]:
-        """Open for appending after dropping any torn tail; return the complete records
-        (none unless ``keep``: a journal larger than memory is appended to without them)."""
-        rows, good_end = self._scan(keep)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and self.path.stat().st_size != good_end:
             with open(self.path, "rb+") as fh:
                 fh.truncate(good_end)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held until close()
-        return rows
 
     def append(self, row: dict) -> None:
         assert self._fh is not None, "AppendLog.open() first"

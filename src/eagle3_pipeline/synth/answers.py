@@ -189,7 +189,7 @@ class AnswerStore:
     def journal(self, part: int, parts: int) -> AppendLog:
         """Part ``part`` of ``parts``'s own journal, opened for appending."""
         log_ = AppendLog(self.dir / part_journal_name(part, parts))
-        log_.open(keep=False)
+        log_.open()
         return log_
 
     def record_run(self, part: int, parts: int, run: dict) -> None:

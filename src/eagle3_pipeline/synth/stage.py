@@ -649,11 +649,12 @@ def finalize(
     this_run: dict,
     history: list[dict],
     work_dir=None,
-    load=None,
+    *,
+    load,
 ) -> dict:
     """The merged records (in the pool's order) and the stage's stats from the journals'
-    ``entries``; ``load`` gives the whole entries of those that are answers, in their order
-    (:meth:`.answers.AnswerStore.full`, for entries read without what only a record needs)."""
+    ``entries`` (read without what only a record needs); ``load`` gives the whole entries of
+    those that are answers, in their order (:meth:`.answers.AnswerStore.full`)."""
 
     gen_tokens = sum(h["completion_tokens"] for h in history)
     gen_s = sum(h["elapsed_s"] for h in history)
@@ -672,7 +673,7 @@ def finalize(
     def records():
         nonlocal prompt_tokens, completion_tokens, with_reasoning
         answers = (e for p in prompts if (e := last.get(p["id"])) and e["status"] == "ok")
-        for e in (load or iter)(answers):
+        for e in load(answers):
             # the record is what the target answered; how long it took (which changes from
             # run to run) stays in the journal and the stats, so equal answers give equal bytes
             rec = {k: v for k, v in e.items() if k not in JOURNAL_ONLY}
