@@ -221,12 +221,10 @@ print(c.load_files(sys.argv[1:])["run"])' "${cfg[@]:1}")
 }
 q_train_t0() { q_train q0; }
 q_train_t1() { q_train q1 lab/configs/gpu_quality_t1.yaml; }
-# the on-policy answers (q_synth_on_policy), carried back with `unpack`: the journal sits under
-# its fingerprint's directory, so the run's synth job reuses it as it is (no adoption needed)
-q_train_on_policy() { q_train qp lab/configs/gpu_quality_on_policy.yaml; }
 # The on-policy run's EAGLE-3 at TTT depth 3 (the greedy 19k drafter's) and 4
 # (lab/configs/gpu_quality_ttt4.yaml: the variant eagle3_ttt4), each in a lane of its own once
-# the data is made (the run's journal carried in with `unpack`: synth asks for nothing), each
+# the data is made (the run's journal (q_synth_on_policy) carried in with `unpack`: it sits
+# under its fingerprint's directory, so synth reuses it as it is and asks for nothing), each
 # drafter's acceptance measured as soon as it is trained (counted, not timed: beside the other
 # lane's training) at T = 0 and 1 on the run's own held-out set, which is the greedy drafter's
 # (the same prompts config and seed; qp_tau compares the files), and on MT-Bench with its second

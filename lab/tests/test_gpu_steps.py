@@ -160,7 +160,6 @@ def test_the_on_policy_synth_lane_answers_in_its_own_run(host_copy, tmp_path):
     [
         ("q_train_t0", "gpu-quality"),
         ("q_train_t1", "gpu-quality-t1"),
-        ("q_train_on_policy", "gpu-quality-on-policy"),
     ],
 )
 def test_the_lever_lanes_train_eagle3_only_and_benchmark_nothing(host_copy, tmp_path, step, run):
