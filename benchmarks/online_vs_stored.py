@@ -21,7 +21,9 @@ rounds (the order reversed every round; ``eagle3_lab.rounds``): each training fr
 training directory (the method's ``train_work/`` and ``drafter/`` removed first, so nothing is
 resumed or re-exported) with ``train.epochs`` ``--epochs``, up to ``train``; the figures are the
 train job's seconds (an online job's include its servers' start), the trainer's tokens/s per
-epoch and the disk's high-water mark (the first method of train.methods only). On a GPU
+epoch and the disk's high-water mark (the first method of train.methods only); with
+``--keep-drafters DIR`` each mode's drafter of the last round is copied to ``DIR/<mode>`` (to
+measure the two drafters' acceptance side by side, e.g. with lab/drafter_tau.py). On a GPU
 (the data made once, no whole runs; the run's synth journal, if carried in, reused):
 
     PYTHONPATH=src python3 benchmarks/online_vs_stored.py --work . --reuse-work \
@@ -156,8 +158,11 @@ def outcome(run: Path, method: str) -> dict:
     }
 
 
-def train_alone(work: Path, configs: list[str], run: Path, method: str, mode: str, epochs: int):
-    """One training from scratch in ``mode``, up to train: its figures for the rounds."""
+def train_alone(
+    work: Path, configs: list[str], run: Path, method: str, mode: str, epochs: int, keep: Path | None
+):
+    """One training from scratch in ``mode``, up to train: its figures for the rounds (and its
+    drafter copied to ``keep/<mode>``, replacing an earlier round's)."""
 
     def once() -> dict:
         for d in (run / "train_work" / method, run / "drafter" / method):
@@ -167,6 +172,9 @@ def train_alone(work: Path, configs: list[str], run: Path, method: str, mode: st
         with DiskPeak(run, mode) as disk:  # this method's training only
             snakemake(work, configs, *extra, targets=[metrics_file.relative_to(work)])
         metrics = json.loads(metrics_file.read_text())
+        if keep:
+            shutil.rmtree(keep / mode, ignore_errors=True)
+            shutil.copytree(run / "drafter" / method, keep / mode)
         return {
             "train_s": job_seconds(run, f"train_{method}"),
             "disk_high_water_bytes": disk.peak,
@@ -179,9 +187,11 @@ def train_alone(work: Path, configs: list[str], run: Path, method: str, mode: st
     return once
 
 
-def training_rounds(work, configs, run, method, rounds: int, epochs: int) -> dict:
+def training_rounds(work, configs, run, method, rounds: int, epochs: int, keep=None) -> dict:
     """Training alone, stored against online, in alternating rounds."""
-    variants = {m: train_alone(work, configs, run, method, m, epochs) for m in ("stored", "online")}
+    variants = {
+        m: train_alone(work, configs, run, method, m, epochs, keep) for m in ("stored", "online")
+    }
     result = rounds_lib.alternate(variants, rounds)
     out = {"epochs": epochs, "rounds": result["rounds"], "surroundings_before": result["before"]}
     for key in ("train_s", "disk_high_water_bytes"):
@@ -208,6 +218,9 @@ def main() -> None:
     ap.add_argument("--skip-full", action="store_true", help="no whole runs: data, then --rounds")
     ap.add_argument("--rounds", type=int, default=0, help="rounds of training alone (>= 3)")
     ap.add_argument("--epochs", type=int, default=1, help="train.epochs of those trainings")
+    ap.add_argument(
+        "--keep-drafters", type=Path, help="copy each mode's last-round drafter to DIR/<mode>"
+    )
     args = ap.parse_args()
     if args.rounds and args.rounds < 3:
         ap.error("--rounds: at least 3 (a spread needs them)")
@@ -237,7 +250,7 @@ def main() -> None:
         whole_runs(result, work, configs, run, method)
     if args.rounds:
         result["training_rounds"] = training_rounds(
-            work, configs, run, method, args.rounds, args.epochs
+            work, configs, run, method, args.rounds, args.epochs, args.keep_drafters
         )
         print(json.dumps(result["training_rounds"]["train_s_ratio_online_to_stored"]))
     write_result(args.out, result)

@@ -170,7 +170,8 @@ eff() { eff_synth; eff_extract_8b; eff_extract; }
 # (benchmarks/online_vs_stored.py --rounds), on 4,000 of the on-policy run's prompts, its
 # extraction server on the trainer's GPU (lab/configs/gpu_online_rounds.yaml): the run's journal
 # unpacked first (`unpack`) and copied into this run's synth, so that synth asks for nothing;
-# the data (prepare, vocab, stored extraction) is made once before the rounds. Alone on the GPU.
+# the data (prepare, vocab, stored extraction) is made once before the rounds; then the last
+# round's drafter of each mode has its acceptance measured (T = 0). Alone on the GPU.
 ONLINE_RUN=results/gpu-online-rounds
 online_rounds() {
   local journal=results/gpu-quality-on-policy/synth/.partial
@@ -180,7 +181,10 @@ online_rounds() {
   python3 benchmarks/online_vs_stored.py --work . --reuse-work --base config/gpu-quality.yaml \
     --configfile "${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml \
     --smk-args "--resources gpus=1" --skip-full --rounds 3 --epochs 1 \
-    --out "$W/bench/h200_online_vs_stored_rounds.json"
+    --keep-drafters "$W/online_drafters" --out "$W/bench/h200_online_vs_stored_rounds.json" || return
+  # the last round's two drafters (same rows, seed and epoch) measured side by side at T = 0
+  Q_TAU_RUN=$ONLINE_RUN Q_TAU_T=0 q_tau_measure h200_online_vs_stored_tau.json \
+    "$W/online_drafters/stored" "$W/online_drafters/online"
 }
 # Synth on one server against REPLICA_SERVERS (4) sharing the GPU (synth.servers_per_gpu), alone
 # on the GPU, in 3 alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's
