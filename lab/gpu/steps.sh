@@ -172,14 +172,19 @@ eff() { eff_synth; eff_extract_8b; eff_extract; }
 # unpacked first (`unpack`) and copied into this run's synth, so that synth asks for nothing;
 # the data (prepare, vocab, stored extraction) is made once before the rounds; then the last
 # round's drafter of each mode has its acceptance measured (T = 0). Alone on the GPU.
+# ONLINE_PROMPTS: fewer than the config's 4,000 where less of a host is left.
 ONLINE_RUN=results/gpu-online-rounds
 online_rounds() {
-  local journal=results/gpu-quality-on-policy/synth/.partial
+  local journal=results/gpu-quality-on-policy/synth/.partial fewer=()
   if [ -d "$journal" ] && [ ! -d "$ONLINE_RUN/synth/.partial" ]; then
     mkdir -p "$ONLINE_RUN/synth" && cp -r "$journal" "$ONLINE_RUN/synth/" || return
   fi
+  if [ -n "${ONLINE_PROMPTS:-}" ]; then
+    printf 'prompts:\n  train:\n    - {source: sharegpt, n: %s, each_turn: true, max_turns: 6}\n' \
+      "$ONLINE_PROMPTS" > "$W/online_prompts.yaml" && fewer=("$W/online_prompts.yaml")
+  fi
   python3 benchmarks/online_vs_stored.py --work . --reuse-work --base config/gpu-quality.yaml \
-    --configfile "${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml \
+    --configfile "${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml "${fewer[@]}" \
     --smk-args "--resources gpus=1" --skip-full --rounds 3 --epochs 1 \
     --keep-drafters "$W/online_drafters" --out "$W/bench/h200_online_vs_stored_rounds.json" || return
   # the last round's two drafters (same rows, seed and epoch) measured side by side at T = 0
