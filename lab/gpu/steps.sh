@@ -174,22 +174,33 @@ eff() { eff_synth; eff_extract_8b; eff_extract; }
 # round's drafter of each mode has its acceptance measured (T = 0). Alone on the GPU.
 # ONLINE_PROMPTS: fewer than the config's 4,000 where less of a host is left.
 ONLINE_RUN=results/gpu-online-rounds
-online_rounds() {
-  local journal=results/gpu-quality-on-policy/synth/.partial fewer=()
+ONLINE_CFG=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
+online_prep() {  # the on-policy journal copied in; ONLINE_CFG gets ONLINE_PROMPTS's config file
+  local journal=results/gpu-quality-on-policy/synth/.partial
   if [ -d "$journal" ] && [ ! -d "$ONLINE_RUN/synth/.partial" ]; then
     mkdir -p "$ONLINE_RUN/synth" && cp -r "$journal" "$ONLINE_RUN/synth/" || return
   fi
   if [ -n "${ONLINE_PROMPTS:-}" ]; then
     printf 'prompts:\n  train:\n    - {source: sharegpt, n: %s, each_turn: true, max_turns: 6}\n' \
-      "$ONLINE_PROMPTS" > "$W/online_prompts.yaml" && fewer=("$W/online_prompts.yaml")
+      "$ONLINE_PROMPTS" > "$W/online_prompts.yaml" && ONLINE_CFG+=("$W/online_prompts.yaml")
   fi
+}
+online_rounds() {
+  online_prep || return
   python3 benchmarks/online_vs_stored.py --work . --reuse-work --base config/gpu-quality.yaml \
-    --configfile "${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml "${fewer[@]}" \
+    --configfile "${ONLINE_CFG[@]}" \
     --smk-args "--resources gpus=1" --skip-full --rounds 3 --epochs 1 \
     --keep-drafters "$W/online_drafters" --out "$W/bench/h200_online_vs_stored_rounds.json" || return
   # the last round's two drafters (same rows, seed and epoch) measured side by side at T = 0
   Q_TAU_RUN=$ONLINE_RUN Q_TAU_T=0 q_tau_measure h200_online_vs_stored_tau.json \
     "$W/online_drafters/stored" "$W/online_drafters/online"
+}
+# One online training of one epoch on ONLINE_PROMPTS (default 300) rows, its extraction server
+# on the trainer's GPU: the shortest run of that layout on a GPU (a few minutes), no timing.
+online_smoke() {
+  ONLINE_PROMPTS=${ONLINE_PROMPTS:-300} online_prep || return
+  smk os $ONLINE_RUN/drafter/eagle3/metrics.json --configfile config/gpu-quality.yaml \
+    "${ONLINE_CFG[@]}" --config "extract={mode: online}" "train={epochs: 1}"
 }
 # Synth on one server against REPLICA_SERVERS (4) sharing the GPU (synth.servers_per_gpu), alone
 # on the GPU, in 3 alternating rounds on the first REPLICA_PROMPTS (4,000) of the quality run's
