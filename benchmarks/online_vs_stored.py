@@ -159,7 +159,13 @@ def outcome(run: Path, method: str) -> dict:
 
 
 def train_alone(
-    work: Path, configs: list[str], run: Path, method: str, mode: str, epochs: int, keep: Path | None
+    work: Path,
+    configs: list[str],
+    run: Path,
+    method: str,
+    mode: str,
+    epochs: int,
+    keep: Path | None,
 ):
     """One training from scratch in ``mode``, up to train: its figures for the rounds (and its
     drafter copied to ``keep/<mode>``, replacing an earlier round's)."""

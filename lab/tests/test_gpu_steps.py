@@ -217,7 +217,6 @@ def test_the_online_rounds_config_trains_online_on_the_one_gpu(host_copy, tmp_pa
     assert cfg["run"] == "gpu-online-rounds" and cfg["prompts"]["train"][0]["n"] == 4000
 
 
-
 def test_the_online_smoke_step_trains_online_on_a_few_rows(host_copy, tmp_path):
     """online_smoke: one online training (no extract job) on ONLINE_PROMPTS rows of the
     online-rounds run."""
@@ -226,6 +225,7 @@ def test_the_online_smoke_step_trains_online_on_a_few_rows(host_copy, tmp_path):
     assert not {j for j in jobs if j.startswith(("extract", "bench"))}, sorted(jobs)
     assert "results/gpu-online-rounds/drafter/eagle3" in out
     assert "n: 120," in (tmp_path / "online_prompts.yaml").read_text()
+
 
 BLOCKS = {
     "METHODS_EXTRA": "lab/configs/gpu_methods_blocks.yaml",
