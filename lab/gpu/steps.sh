@@ -174,9 +174,11 @@ eff() { eff_synth; eff_extract_8b; eff_extract; }
 # round's drafter of each mode has its acceptance measured (T = 0). Alone on the GPU.
 # ONLINE_PROMPTS: fewer than the config's 4,000 where less of a host is left.
 ONLINE_RUN=results/gpu-online-rounds
-ONLINE_CFG=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
-online_prep() {  # the on-policy journal copied in; ONLINE_CFG gets ONLINE_PROMPTS's config file
+ONLINE_BASE=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
+online_prep() {  # the on-policy journal copied in; ONLINE_CFG: the config files, with
+  # ONLINE_PROMPTS's (set afresh each call: steps of a lane share one shell)
   local journal=results/gpu-quality-on-policy/synth/.partial
+  ONLINE_CFG=("${ONLINE_BASE[@]}")
   if [ -d "$journal" ] && [ ! -d "$ONLINE_RUN/synth/.partial" ]; then
     mkdir -p "$ONLINE_RUN/synth" && cp -r "$journal" "$ONLINE_RUN/synth/" || return
   fi
