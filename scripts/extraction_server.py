@@ -3,7 +3,9 @@
 inference node: the run's target with the pipeline's connector, capturing the layers the train
 job of a drafter reads, writing each sample under --staging until the trainer has loaded it.
 The trainer reads the path the server answers with, so --staging must be a directory the
-training nodes see at the same path (a shared file system).
+training nodes see at the same path (a shared file system), unless the config sets
+extract.transport: mooncake with extract.mooncake.master: the server then puts each sample into
+that Mooncake store under this name, and nothing is written there.
 
     .venv/bin/python scripts/extraction_server.py --configfile my.yaml \
         --staging /shared/hs-staging [--drafter eagle3] [--host 0.0.0.0] [--port 8000] [--print]

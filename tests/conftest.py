@@ -155,6 +155,19 @@ def slurm(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def mooncake_ready() -> None:
+    """Mooncake's store client importable: the pip package comes with scripts/setup.sh, the
+    RDMA verbs library it links against from Debian (libibverbs1, apt-get when missing)."""
+    from local_slurm import apt_install
+
+    from eagle3_pipeline.hidden_states import mooncake
+
+    if mooncake.available() and "libibverbs" in mooncake.available():
+        apt_install(["libibverbs1"])
+    assert mooncake.available() is None, mooncake.available()
+
+
+@pytest.fixture(scope="session")
 def ci_run(tmp_path_factory, slurm) -> Path:
     """The working directory of one finished CI-sized run of the whole DAG through the local
     Slurm cluster (--profile profiles/slurm), shared by the end-to-end checks, the Slurm

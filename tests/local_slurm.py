@@ -122,27 +122,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def ensure_installed(accounting: bool = True, timeout: float = 900) -> float:
-    """apt-get install the packages whose binaries are missing; returns the seconds it took
-    (0.0 when nothing was missing). Idempotent; needs root and a Debian/Ubuntu apt."""
-    wanted = dict(_BINARIES)
-    if accounting:
-        wanted.update(_ACCOUNTING_BINARIES)
-    missing = sorted({pkg for binary, pkg in wanted.items() if not _which(binary)})
-    if not missing:
-        return 0.0
+def apt_install(missing: list[str], timeout: float = 900) -> None:
+    """apt-get install the packages ``missing`` (root and a Debian/Ubuntu apt needed)."""
     if os.geteuid() != 0:
         raise LocalSlurmError(f"packages {missing} are missing and installing them needs root")
     if not shutil.which("apt-get"):
         raise LocalSlurmError(f"packages {missing} are missing and there is no apt-get")
-    t0 = time.monotonic()
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     # Without systemd, package scripts start munge/mariadb/slurm through invoke-rc.d unless a
     # policy-rc.d forbids it: add one for the install (Docker images usually have one).
     policy = Path("/usr/sbin/policy-rc.d")
     added_policy = False
     if not policy.exists():
-        policy.write_text("#!/bin/sh\n# added by local_slurm.py during apt-get\nexit 101\n")
+        policy.write_text("#!/bin/sh\n# added by the tests during apt-get\nexit 101\n")
         policy.chmod(0o755)
         added_policy = True
     try:
@@ -163,6 +155,19 @@ def ensure_installed(accounting: bool = True, timeout: float = 900) -> float:
     finally:
         if added_policy:
             policy.unlink(missing_ok=True)
+
+
+def ensure_installed(accounting: bool = True, timeout: float = 900) -> float:
+    """apt-get install the packages whose binaries are missing; returns the seconds it took
+    (0.0 when nothing was missing). Idempotent; needs root and a Debian/Ubuntu apt."""
+    wanted = dict(_BINARIES)
+    if accounting:
+        wanted.update(_ACCOUNTING_BINARIES)
+    missing = sorted({pkg for binary, pkg in wanted.items() if not _which(binary)})
+    if not missing:
+        return 0.0
+    t0 = time.monotonic()
+    apt_install(missing, timeout)
     return time.monotonic() - t0
 
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -200,6 +201,56 @@ def test_hybrid_keeps_what_fits_and_reads_it_back(
         assert sources == want, (i, sources)
     v = m["hidden_states"]["verification"]
     assert v["kept_bytes"] <= half and v["samples_from_disk"] == kept
+    assert train_losses(tmp_path / "train_work") == train_losses(stored["root"] / "train_work")
+
+
+def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
+    tmp_path, target_json, data, stored, mooncake_ready, caplog
+):
+    """extract.transport mooncake: the train job starts its own master and server, whose
+    connector puts each sample into the store instead of a file. The server writes nothing
+    under its staging directory, the kept samples are byte for byte the extract stage's files
+    and the training is the stored one."""
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(data["dataset"])).with_format(None)
+    half = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
+    cfg = extract_config(
+        mode="hybrid",
+        transport="mooncake",
+        hybrid_disk_gib=half / 2**30,
+        mooncake={"segment_mib": 64, "buffer_mib": 16},
+    )
+    staging = tmp_path / "train_work/online/staging"
+    seen: set[str] = set()
+    caplog.set_level("INFO", logger="eagle3_pipeline.train.extraction")
+
+    def watch() -> None:  # every file that appears under the staging directory
+        while not done:
+            seen.update(str(p) for p in staging.rglob("*") if p.is_file())
+            time.sleep(0.05)
+
+    done = False
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        m = train.run(**run_kwargs(tmp_path, target_json, data, cfg))
+    finally:
+        done = True
+        watcher.join()
+    assert not seen, sorted(seen)[:5]
+    assert "Mooncake store: master 127.0.0.1:" in caplog.text
+    kept = len(ds) // 2
+    cache = tmp_path / "train_work/online/kept"
+    for i in range(kept):
+        assert (cache / shards.sample_path("", i, SAMPLES_PER_SHARD)).read_bytes() == (
+            shards.sample_path(stored["hs"], i, SAMPLES_PER_SHARD).read_bytes()
+        )
+    v = m["hidden_states"]["verification"]
+    rows = len(ds)
+    assert v["samples_from_disk"] == kept
+    assert v["samples_generated"] == kept + (rows - kept) * TRAIN["epochs"]
+    assert v["next_token_agreement"] >= 0.99
     assert train_losses(tmp_path / "train_work") == train_losses(stored["root"] / "train_work")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import config as cfglib
+from eagle3_pipeline import extract
 from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.extract import online
 from eagle3_pipeline.hidden_states import shards
@@ -17,6 +18,20 @@ from eagle3_pipeline.runtime.files import AppendLog
 from conftest import default_config
 
 GIB = 2**30
+SPEC_ARGS = dict(  # online.write_spec's arguments but the extraction config
+    endpoints=[{"base_url": "http://127.0.0.1:1/v1", "model": "m"}],
+    model_path="m",
+    arch={"hidden_size": 576},
+    dataset_dir="d",
+    num_samples=1,
+    layer_ids=[2, 30],
+    kept=0,
+    cache=Path("c"),
+    samples_per_shard=4,
+    ledger=Path("l"),
+    attempt=0,
+    enforce=True,
+)
 
 
 def test_hybrid_keeps_the_leading_rows_that_fit():
@@ -151,6 +166,13 @@ def test_colocated_servers_must_fit_in_the_trainers_gpus():
         ({"endpoints": ["node:8000"]}, "extract.endpoints"),
         ({"mode": "cached"}, "extract.mode"),
         ({"hybrid_disk_gib": -1}, "extract.hybrid_disk_gib"),
+        ({"transport": "mooncake"}, "extract.transport"),  # stored: no sample is taken
+        ({"transport": "rdma"}, "extract.transport"),
+        (  # servers started elsewhere must be told the store
+            {"mode": "online", "transport": "mooncake", "endpoints": ["http://n:8000/v1"]},
+            "extract.mooncake.master",
+        ),
+        ({"mode": "online", "transport": "mooncake", "mooncake": {"master": "n"}}, "master"),
     ],
 )
 def test_bad_online_settings_name_their_key(extract, message):
@@ -202,6 +224,13 @@ def test_the_plan_puts_colocated_servers_on_the_trainers_gpus_and_checks_their_s
         if p["check"] == "gpu_memory"
     ]
     assert "extract.colocated_gpu_memory" in problem["message"]
+
+
+def test_through_a_mooncake_store_online_training_fills_no_disk(tmp_path):
+    cfg = default_config(extract={"mode": "online"})
+    files = planlib.make_plan(cfg, tmp_path / "run")["modes"]["online"]["disk_bytes"]
+    cfg["extract"]["transport"] = "mooncake"
+    assert files > 0 == planlib.make_plan(cfg, tmp_path / "run")["modes"]["online"]["disk_bytes"]
 
 
 def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypatch):
@@ -272,3 +301,34 @@ def test_the_extraction_server_script_serves_what_the_train_job_reads(tmp_path, 
         text=True,
     )
     assert missing.returncode != 0 and "run the target stage first" in missing.stderr
+
+
+def test_a_mooncake_transport_reaches_the_servers_connector_and_the_trainers_spec(
+    tmp_path, target_json
+):
+    """extract.transport mooncake: the servers' connector puts into the store of the master the
+    config names (or the train job's own), the trainer's spec takes from it; files need
+    neither."""
+    from eagle3_pipeline.target.stage import load_info
+
+    target = load_info(target_json)
+    moon = {"master": "head:50051", "segment_mib": 256}
+    cfg = default_config(extract={"mode": "online", "transport": "mooncake", "mooncake": moon})[
+        "extract"
+    ]
+    spec = extract.server_spec(default_config()["vllm"], target, [2, 30], tmp_path, cfg)
+    extra = spec.kv_transfer_config["kv_connector_extra_config"]
+    assert extra["transport"] == "mooncake" and extra["mooncake"]["master"] == "head:50051"
+    assert extra["mooncake"]["segment_mib"] == 256 and extra["mooncake"]["protocol"] == "tcp"
+    online_spec = online.write_spec(
+        tmp_path / "online.json",
+        **SPEC_ARGS,
+        extract_cfg=cfg,
+    )
+    assert online_spec["mooncake"]["master"] == "head:50051"
+    files = default_config(extract={"mode": "online"})["extract"]
+    extra = extract.server_spec(default_config()["vllm"], target, [2, 30], tmp_path, files)
+    assert "transport" not in extra.kv_transfer_config["kv_connector_extra_config"]
+    assert (
+        online.write_spec(tmp_path / "f.json", **SPEC_ARGS, extract_cfg=files)["mooncake"] is None
+    )

@@ -9,6 +9,7 @@ import jsonschema
 
 from .. import methods
 from ..engine.cpu_fixes import installed as cpu_fix_installed
+from ..hidden_states import mooncake
 from ..train.trainer_config import device_problems
 from .schema import load_schema, problems_of
 from .values import HELDOUT_SET, server_gpus, source_name, speculative_tokens
@@ -204,8 +205,9 @@ def online_problems(cfg: dict) -> list[str]:
     only, so a train job over several nodes needs servers that every node reaches
     (extract.endpoints); servers on the trainer's GPUs (extract.colocate) must fit in them."""
     x, nodes = cfg["extract"], cfg["train"]["nodes"]
-    if x["mode"] == "stored" or x["endpoints"]:
-        return []
+    problems = transport_problems(x)
+    if x["mode"] == "stored" or x["endpoints"] or problems:
+        return problems
     if nodes > 1:
         return [
             f"config key `extract.mode`: {x['mode']} with train.nodes {nodes} needs "
@@ -223,6 +225,28 @@ def online_problems(cfg: dict) -> list[str]:
             "false (the servers then take GPUs of their own)"
         ]
     return []
+
+
+def transport_problems(x: dict) -> list[str]:
+    """extract.transport mooncake: only online training takes samples from a store, servers
+    elsewhere must join a master they know, and the package must be here."""
+    if x["transport"] != "mooncake":
+        return []
+    if x["mode"] == "stored":
+        return [
+            "config key `extract.transport`: mooncake carries samples to online training; "
+            "extract.mode stored writes them to disk for later epochs. Set extract.mode: "
+            "online or hybrid, or extract.transport: file"
+        ]
+    if x["endpoints"] and not x["mooncake"]["master"]:
+        return [
+            "config key `extract.mooncake.master`: the servers of extract.endpoints were "
+            "started elsewhere and must put their samples into a store the trainer knows: "
+            "start mooncake_master on a node all of them reach and set its host:port here "
+            "(and the same in the config scripts/extraction_server.py reads)"
+        ]
+    missing = mooncake.available()
+    return [f"config key `extract.transport`: mooncake: {missing}"] if missing else []
 
 
 def method_problems(cfg: dict) -> list[str]:

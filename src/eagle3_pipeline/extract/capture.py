@@ -71,6 +71,15 @@ def server_spec(vllm_cfg: dict, target: dict, layer_ids: list[int], staging: Pat
             "kv_connector_extra_config": {
                 "shared_storage_path": str(staging),
                 "storage": cfg["storage"],
+                **transport_config(cfg),
             },
         },
     )
+
+
+def transport_config(cfg: dict) -> dict:
+    """The connector's settings for ``extract.transport`` (none for files): with mooncake,
+    its store's master, as the train job resolved it (``extract.mooncake.master``)."""
+    if cfg.get("transport", "file") != "mooncake":
+        return {}
+    return {"transport": "mooncake", "mooncake": dict(cfg["mooncake"])}

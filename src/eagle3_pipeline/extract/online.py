@@ -206,6 +206,8 @@ def write_spec(
         "request_timeout_s": extract_cfg["request_timeout_s"],
         "retries": extract_cfg["retries"],
         "verify_device": extract_cfg["verify_device"],
+        "transport": extract_cfg["transport"],
+        "mooncake": extract_cfg["mooncake"] if extract_cfg["transport"] == "mooncake" else None,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, spec)

@@ -41,10 +41,10 @@ from typing import Any
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from hs_connectors.transfer import _add_argument_if_absent
 
-from ..hidden_states import shards
+from ..hidden_states import mooncake, shards
 from ..hidden_states.checks import NextTokenProbe, VerificationError
 from ..hidden_states.dataset import layer_columns, training_sample
-from ..runtime.files import AppendLog, read_json
+from ..runtime.files import AppendLog, atomic_path, read_json
 from ..server import client as client_lib
 from .capture import ExtractError
 from .client import request_hidden_states
@@ -109,6 +109,8 @@ class OnlineTransfer(HiddenStatesTransfer):
             "loop": loop,
             "clients": clients_of_loop,
             "probe": NextTokenProbe(s["model_path"], s["arch"], device),
+            # extract.transport mooncake: a client that takes samples and lends no memory
+            "store": mooncake.open_store(s["mooncake"], 0) if s.get("mooncake") else None,
             "rows": load_from_disk(s["dataset_dir"]).with_format(None),
             "ledger": ledger,
             "hits": 0,
@@ -165,16 +167,20 @@ class OnlineTransfer(HiddenStatesTransfer):
                 "server the train job started died (its log is the train job's)."
             ) from e
         try:
+            # through a Mooncake store the server's answer names an entry, not a file
+            data = None if st["store"] is None else self._take(st["store"], staged, endpoint)
             sample = check_staged(
                 staged,
                 row,
                 len(s["layer_ids"]),
                 s["hidden_size"],
                 s["positions_per_sample"],
+                data=data,
             )
         except (VerificationError, ValueError) as e:
-            with contextlib.suppress(OSError):
-                os.unlink(staged)
+            if st["store"] is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(staged)
             raise OnlineError(
                 f"sample {index} from the extraction server at {endpoint['base_url']}: {e}. "
                 f"The hidden states are wrong (expected layers {s['layer_ids']} of hidden size "
@@ -188,8 +194,12 @@ class OnlineTransfer(HiddenStatesTransfer):
         if keep:
             dest = self._cache_path(index)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, dest)  # atomic: a kill leaves it whole or absent
-        else:
+            if st["store"] is None:
+                os.replace(staged, dest)  # atomic: a kill leaves it whole or absent
+            else:
+                with atomic_path(dest) as tmp:
+                    tmp.write_bytes(bytes(sample.data))
+        elif st["store"] is None:
             os.unlink(staged)
         self._record(
             index,
@@ -206,6 +216,12 @@ class OnlineTransfer(HiddenStatesTransfer):
         st["checked"] += len(sample.targets)
         self._enforce(st)
         return training_sample(tensors, self.dequantize_dtype, self.columns)
+
+    def _take(self, store: Any, key: str, endpoint: dict) -> bytes:
+        try:
+            return mooncake.take(store, key, self.spec["request_timeout_s"])
+        except mooncake.MooncakeError as e:
+            raise OnlineError(f"{e} (extraction server {endpoint['base_url']})") from e
 
     def _record(self, index: int, source: str, **fields: Any) -> None:
         st = self._opened()

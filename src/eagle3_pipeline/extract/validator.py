@@ -104,18 +104,20 @@ def check_staged(
     hidden_size: int,
     max_positions: int,
     written: bool = False,
+    data: bytes | None = None,
 ) -> StagedSample:
     """Wait until the server has written ``staged`` (unless ``written``: :func:`wait_written`
     has returned for it already), read it and check it against ``row`` (shapes, token ids,
     NaN/Inf, all-zero rows: VerificationError), and pick the final-layer rows the next-token
     probe needs. What the extract job and online training (:mod:`.online`) both do with a
-    sample the server returned."""
+    sample the server returned; ``data``: its bytes, taken from a Mooncake store instead."""
     clock = time.perf_counter
     t = [clock()]
-    if not written:
+    if not written and data is None:
         wait_written(staged)
     t.append(clock())
-    data = read_into_thread_buffer(staged)
+    if data is None:
+        data = read_into_thread_buffer(staged)
     t.append(clock())
     tensors = shards.tensors_from_bytes(data)
     t.append(clock())

@@ -8,7 +8,9 @@ the stock one; for other storage (fp8, or bf16 of a float32 server) it converts 
 path's side stream before the same asynchronous copy into pinned memory, so the engine step
 does not wait for it; on a CPU build it converts and copies in place. With
 ``kv_connector_extra_config.storage = "fp8"`` it stores per-token scaled float8 like
-hs-connectors' ``FP8HiddenStatesConnector`` (same keys, so ``FP8Transfer`` reads it).
+hs-connectors' ``FP8HiddenStatesConnector`` (same keys, so ``FP8Transfer`` reads it). With
+``kv_connector_extra_config.transport = "mooncake"`` the same bytes go into a Mooncake store
+under the file's name instead of into the file (:mod:`eagle3_pipeline.hidden_states.mooncake`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import fcntl
 import os
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save, save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
     PendingSave,
     extract_from_kv_cache,
 )
 
+from eagle3_pipeline.hidden_states import mooncake
 from eagle3_pipeline.hidden_states.shards import SCALES_KEY, quantize_fp8
 
 try:  # vLLM >= 0.32 reports GPU syncs in its debug mode unless allowed; 0.26 has no such check
@@ -46,6 +49,19 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._storage = self._kv_transfer_config.get_from_extra_config("storage", "bf16")
+        self._transport = self._kv_transfer_config.get_from_extra_config("transport", "file")
+        self._mooncake_cfg = self._kv_transfer_config.get_from_extra_config("mooncake", None)
+        self._store = None
+        if self._transport == "mooncake":
+            self.use_lock = False  # a store entry appears whole: no lock file to wait on
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        super().register_kv_caches(kv_caches)  # knows the TP rank from here on
+        if self._transport == "mooncake" and self._is_tp_rank_zero:
+            # at the server's start, so that a wrong master fails it, not its first request
+            self._store = mooncake.open_store(
+                self._mooncake_cfg, self._mooncake_cfg["segment_mib"] * mooncake.MIB
+            )
 
     def get_finished_count(self) -> int:
         # Only tensor-parallel rank 0 writes, so a request gets one "finished sending" report.
@@ -57,6 +73,9 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         return self._kv_cache is not None and self._kv_cache.device.type == "cpu"
 
     def _write(self, tensors: dict[str, torch.Tensor], filename: str) -> None:
+        if self._store is not None:
+            mooncake.put(self._store, filename, save(tensors))
+            return
         tmp = filename + ".partial"
         save_file(tensors, tmp)
         os.replace(tmp, filename)
@@ -114,13 +133,18 @@ class PipelineHiddenStatesConnector(ExampleHiddenStatesConnector):
         assert self._kv_cache is not None
         if self._on_cpu():
             tensors, done = self._copy_on_cpu(pending)
-        elif self._storage == "bf16" and self._kv_cache.dtype == torch.bfloat16:
+        elif (
+            self._storage == "bf16"
+            and self._kv_cache.dtype == torch.bfloat16
+            and self._store is None
+        ):
             return super()._submit_async_write(pending)  # the stock asynchronous GPU path
         else:
             tensors, done = self._copy_on_stream(pending)
         tensors["token_ids"] = pending.token_ids.clone()
-        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
+        if self._store is None:
+            os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         if lock_fd is None and self.use_lock:
             lock_fd = os.open(
                 pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644

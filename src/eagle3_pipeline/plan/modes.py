@@ -69,7 +69,9 @@ def mode_estimates(
     epochs = train["epochs"]
     trainer = train["gpus"] * train["nodes"]
     servers = x["servers"] if not x["endpoints"] else len(x["endpoints"])
-    in_flight = jobs * requests_in_flight(cfg) * largest_sample_bytes
+    # samples asked for and not yet loaded: files, unless a Mooncake store holds them
+    staged = 0 if x["transport"] == "mooncake" else largest_sample_bytes
+    in_flight = jobs * requests_in_flight(cfg) * staged
     budget = None if x["hybrid_disk_gib"] is None else int(x["hybrid_disk_gib"] * 2**30)
     kept = stored_bytes if budget is None or stored_bytes is None else min(budget, stored_bytes)
     kept_fraction = 1.0 if not stored_bytes else (kept or 0) / stored_bytes

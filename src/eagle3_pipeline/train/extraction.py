@@ -16,6 +16,7 @@ from typing import Any
 from ..extract import online
 from ..extract.capture import ExtractError, capture_fingerprint
 from ..extract.stage import enforce as enforce_extraction
+from ..hidden_states import mooncake
 from ..plan import bytes_under, check_disk, sample_bytes
 from ..runtime.gpus import visible_devices
 from .errors import TrainError
@@ -74,6 +75,8 @@ def start_online(
     one = [sample_bytes(n, len(layer_ids), hidden, x["storage"]) for n in seq_lens]
     # each training process and each of its DataLoader workers has one request in flight
     in_flight = processes_in_flight(train_config, processes) * max(one, default=0)
+    if x["transport"] == "mooncake":
+        in_flight = 0  # held in the servers' memory, not in files
     to_keep = sum(one[:kept]) - bytes_under(cache / "shards")
     check_disk(root, max(to_keep, 0) + in_flight, x["disk_margin"], allow=cfg["allow_low_disk"])
     log.info(
@@ -85,6 +88,7 @@ def start_online(
         sum(one[:kept]) / 2**30,
     )
     devices = visible_devices() if v["device"] == "cuda" else []
+    x = with_mooncake_master(stack, x, log_path)
     endpoints = stack.enter_context(
         online.extraction_endpoints(x, v, target, layer_ids, root / "staging", log_path, devices)
     )
@@ -107,6 +111,17 @@ def start_online(
     if v["device"] != "cuda" or x["endpoints"]:
         return None
     return online.trainer_devices(devices, x["servers"], v["tensor_parallel_size"], x["colocate"])
+
+
+def with_mooncake_master(stack: contextlib.ExitStack, x: dict, log_path: str | None) -> dict:
+    """``extract`` with the Mooncake master its servers and trainer join
+    (``extract.transport: mooncake``): the one ``extract.mooncake.master`` names, else one
+    started here for the job (in ``stack``)."""
+    if x["transport"] != "mooncake" or x["mooncake"]["master"]:
+        return x
+    master = stack.enter_context(mooncake.running_master(log_path))
+    log.info("hidden states through a Mooncake store: master %s started for this job", master)
+    return {**x, "mooncake": {**x["mooncake"], "master": master}}
 
 
 def processes_in_flight(train_config: dict[str, Any], processes: int) -> int:
