@@ -9,6 +9,7 @@ agreement of every sample must be ~100%, as in tests/test_extract.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -204,6 +205,27 @@ def test_hybrid_keeps_what_fits_and_reads_it_back(
     assert train_losses(tmp_path / "train_work") == train_losses(stored["root"] / "train_work")
 
 
+@contextlib.contextmanager
+def files_appearing(root: Path):
+    """The set of files that appeared under ``root`` while the block ran (polled every 50 ms:
+    a sample file lives until the trainer has loaded it, its lock file longer)."""
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if root.exists():
+                seen.update(str(p) for p in root.rglob("*") if p.is_file())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
 def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
     tmp_path, target_json, data, stored, mooncake_ready, caplog
 ):
@@ -221,23 +243,9 @@ def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
         hybrid_disk_gib=half / 2**30,
         mooncake={"segment_mib": 64, "buffer_mib": 16},
     )
-    staging = tmp_path / "train_work/online/staging"
-    seen: set[str] = set()
-    caplog.set_level("INFO", logger="eagle3_pipeline.train.extraction")
-
-    def watch() -> None:  # every file that appears under the staging directory
-        while not done:
-            seen.update(str(p) for p in staging.rglob("*") if p.is_file())
-            time.sleep(0.05)
-
-    done = False
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with files_appearing(tmp_path / "train_work/online/staging") as seen:
+        caplog.set_level("INFO", logger="eagle3_pipeline.train.extraction")
         m = train.run(**run_kwargs(tmp_path, target_json, data, cfg))
-    finally:
-        done = True
-        watcher.join()
     assert not seen, sorted(seen)[:5]
     assert "Mooncake store: master 127.0.0.1:" in caplog.text
     kept = len(ds) // 2
@@ -252,6 +260,38 @@ def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
     assert v["samples_generated"] == kept + (rows - kept) * TRAIN["epochs"]
     assert v["next_token_agreement"] >= 0.99
     assert train_losses(tmp_path / "train_work") == train_losses(stored["root"] / "train_work")
+
+
+def test_servers_elsewhere_hand_their_samples_over_through_the_store(
+    tmp_path, target_json, data, stored, mooncake_ready
+):
+    """extract.endpoints with extract.mooncake.master, as for servers on inference nodes: a
+    server started apart from the train job puts every sample into the store of a master both
+    know, the trainer takes them from there, and the server's staging directory (which
+    another node could not read) never holds a file. The training is the stored one."""
+    from eagle3_pipeline.hidden_states import mooncake
+    from eagle3_pipeline.server import VllmServer
+    from eagle3_pipeline.target.stage import load_info
+
+    target = load_info(target_json)
+    staging = tmp_path / "elsewhere/staging"
+    with mooncake.running_master(str(tmp_path / "master.log")) as master:
+        moon = {"master": master, "segment_mib": 64, "buffer_mib": 16}
+        cfg = extract_config(mode="online", transport="mooncake", mooncake=moon)
+        layers = online.served_layers(target, cfg["extract"], None)["layer_ids"]
+        spec = extract.server_spec(cfg["vllm"], target, layers, staging, cfg["extract"])
+        with VllmServer(spec, tmp_path / "server.log", cache_root=CACHE / "vllm") as server:
+            cfg = extract_config(
+                mode="online", transport="mooncake", mooncake=moon, endpoints=[server.base_url]
+            )
+            with files_appearing(staging) as seen:
+                m = train.run(**run_kwargs(tmp_path / "trainer", target_json, data, cfg))
+    assert not seen, sorted(seen)[:5]
+    v = m["hidden_states"]["verification"]
+    assert v["samples_generated"] == TRAIN["epochs"] * num_rows(data)
+    assert v["next_token_agreement"] >= 0.99
+    losses = train_losses(tmp_path / "trainer/train_work")
+    assert losses == train_losses(stored["root"] / "train_work")
 
 
 def lengths_and_split(data) -> tuple[list[int], int]:

@@ -332,3 +332,23 @@ def test_a_mooncake_transport_reaches_the_servers_connector_and_the_trainers_spe
     assert (
         online.write_spec(tmp_path / "f.json", **SPEC_ARGS, extract_cfg=files)["mooncake"] is None
     )
+
+
+def test_a_sample_goes_through_a_store_once_and_a_missing_one_names_its_server(
+    tmp_path, mooncake_ready
+):
+    """The store's round trip as the connector and the trainer use it: a master started for
+    the job, a server's client lending memory, the trainer's lending none; a sample is taken
+    once (then removed), and one that never arrives fails with what to look at."""
+    from eagle3_pipeline.hidden_states import mooncake
+
+    with mooncake.running_master(str(tmp_path / "master.log")) as master:
+        cfg = {"master": master, "buffer_mib": 16}
+        server, trainer = mooncake.open_store(cfg, 64 * mooncake.MIB), mooncake.open_store(cfg, 0)
+        key = str(tmp_path / "staging/server_0/req-1.safetensors")
+        data = bytes(range(256)) * 4096
+        mooncake.put(server, key, data)
+        assert mooncake.take(trainer, key, timeout=5) == data
+        assert trainer.is_exist(key) != 1
+        with pytest.raises(mooncake.MooncakeError, match=r"did not appear.*connector"):
+            mooncake.take(trainer, key, timeout=0.2)
