@@ -166,7 +166,6 @@ def test_colocated_servers_must_fit_in_the_trainers_gpus():
         ({"endpoints": ["node:8000"]}, "extract.endpoints"),
         ({"mode": "cached"}, "extract.mode"),
         ({"hybrid_disk_gib": -1}, "extract.hybrid_disk_gib"),
-        ({"transport": "mooncake"}, "extract.transport"),  # stored: no sample is taken
         ({"transport": "rdma"}, "extract.transport"),
         (  # servers started elsewhere must be told the store
             {"mode": "online", "transport": "mooncake", "endpoints": ["http://n:8000/v1"]},

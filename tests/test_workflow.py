@@ -548,6 +548,8 @@ OPERATIONAL_CHANGES = {
         "colocate": True,
         "colocated_gpu_memory": 0.3,
         "endpoints": ["http://127.0.0.1:9/v1"],
+        "transport": "mooncake",
+        "mooncake": {"master": "127.0.0.1:9", "segment_mib": 256},
     },
     "train": {"num_workers": 3, "log_freq": 5},
     "bench": {"request_timeout_s": 42, "server_args": ["--max-num-seqs", "8"]},

@@ -228,16 +228,11 @@ def online_problems(cfg: dict) -> list[str]:
 
 
 def transport_problems(x: dict) -> list[str]:
-    """extract.transport mooncake: only online training takes samples from a store, servers
-    elsewhere must join a master they know, and the package must be here."""
-    if x["transport"] != "mooncake":
+    """extract.transport mooncake (online and hybrid training; the stored mode's extract jobs
+    write files, like the other online keys it is ignored there): servers elsewhere must join
+    a master they know, and the package must be here."""
+    if x["transport"] != "mooncake" or x["mode"] == "stored":
         return []
-    if x["mode"] == "stored":
-        return [
-            "config key `extract.transport`: mooncake carries samples to online training; "
-            "extract.mode stored writes them to disk for later epochs. Set extract.mode: "
-            "online or hybrid, or extract.transport: file"
-        ]
     if x["endpoints"] and not x["mooncake"]["master"]:
         return [
             "config key `extract.mooncake.master`: the servers of extract.endpoints were "
