@@ -162,9 +162,11 @@ def mooncake_ready() -> None:
 
     from eagle3_pipeline.hidden_states import mooncake
 
-    if mooncake.available() and "libibverbs" in mooncake.available():
+    missing = mooncake.available()
+    if missing and "libibverbs" in missing:
         apt_install(["libibverbs1"])
-    assert mooncake.available() is None, mooncake.available()
+        missing = mooncake.available()
+    assert missing is None, missing
 
 
 @pytest.fixture(scope="session")

@@ -110,7 +110,9 @@ class OnlineTransfer(HiddenStatesTransfer):
             "clients": clients_of_loop,
             "probe": NextTokenProbe(s["model_path"], s["arch"], device),
             # extract.transport mooncake: a client that takes samples and lends no memory
-            "store": mooncake.open_store(s["mooncake"], 0) if s.get("mooncake") else None,
+            "store": mooncake.open_store(s["mooncake"], 0)
+            if s["transport"] == "mooncake"
+            else None,
             "rows": load_from_disk(s["dataset_dir"]).with_format(None),
             "ledger": ledger,
             "hits": 0,

@@ -27,7 +27,7 @@ from ..engine.spec import memory_utilization
 from ..hidden_states.layers import LayerIdError, resolve_layers
 from ..runtime.gpus import nvidia_smi_rows
 from . import model_shape
-from .modes import MODES, mode_estimates
+from .modes import MODES, mode_estimates, staged_sample_bytes  # noqa: F401
 from .stages import (
     MODEL_LOAD,
     model_load_seconds,

@@ -45,6 +45,12 @@ def requests_in_flight(cfg: dict) -> int:
     return max(train["gpus"], 1) * train["nodes"] * max(1, loader_workers(cfg))
 
 
+def staged_sample_bytes(extract_cfg: dict, sample_bytes: int) -> int:
+    """What one sample asked for and not yet loaded fills on the disk: its file, or nothing
+    when a Mooncake store holds it (extract.transport mooncake)."""
+    return 0 if extract_cfg["transport"] == "mooncake" else sample_bytes
+
+
 def mode_estimates(
     cfg: dict,
     stored_bytes: int | None,
@@ -69,9 +75,7 @@ def mode_estimates(
     epochs = train["epochs"]
     trainer = train["gpus"] * train["nodes"]
     servers = x["servers"] if not x["endpoints"] else len(x["endpoints"])
-    # samples asked for and not yet loaded: files, unless a Mooncake store holds them
-    staged = 0 if x["transport"] == "mooncake" else largest_sample_bytes
-    in_flight = jobs * requests_in_flight(cfg) * staged
+    in_flight = jobs * requests_in_flight(cfg) * staged_sample_bytes(x, largest_sample_bytes)
     budget = None if x["hybrid_disk_gib"] is None else int(x["hybrid_disk_gib"] * 2**30)
     kept = stored_bytes if budget is None or stored_bytes is None else min(budget, stored_bytes)
     kept_fraction = 1.0 if not stored_bytes else (kept or 0) / stored_bytes

@@ -17,7 +17,7 @@ from ..extract import online
 from ..extract.capture import ExtractError, capture_fingerprint
 from ..extract.stage import enforce as enforce_extraction
 from ..hidden_states import mooncake
-from ..plan import bytes_under, check_disk, sample_bytes
+from ..plan import bytes_under, check_disk, sample_bytes, staged_sample_bytes
 from ..runtime.gpus import visible_devices
 from .errors import TrainError
 
@@ -74,9 +74,9 @@ def start_online(
     online.reset_cache(cache, key, kept, x["samples_per_shard"])
     one = [sample_bytes(n, len(layer_ids), hidden, x["storage"]) for n in seq_lens]
     # each training process and each of its DataLoader workers has one request in flight
-    in_flight = processes_in_flight(train_config, processes) * max(one, default=0)
-    if x["transport"] == "mooncake":
-        in_flight = 0  # held in the servers' memory, not in files
+    in_flight = processes_in_flight(train_config, processes) * staged_sample_bytes(
+        x, max(one, default=0)
+    )
     to_keep = sum(one[:kept]) - bytes_under(cache / "shards")
     check_disk(root, max(to_keep, 0) + in_flight, x["disk_margin"], allow=cfg["allow_low_disk"])
     log.info(
