@@ -21,10 +21,12 @@ rounds (the order reversed every round; ``eagle3_lab.rounds``): each training fr
 training directory (the method's ``train_work/`` and ``drafter/`` removed first, so nothing is
 resumed or re-exported) with ``train.epochs`` ``--epochs``, up to ``train``; the figures are the
 train job's seconds (an online job's include its servers' start), the trainer's tokens/s per
-epoch and the disk's high-water mark (the first method of train.methods only); with
-``--keep-drafters DIR`` each mode's drafter of the last round is copied to ``DIR/<mode>`` (to
-measure the two drafters' acceptance side by side, e.g. with lab/drafter_tau.py). On a GPU
-(the data made once, no whole runs; the run's synth journal, if carried in, reused):
+epoch, the seconds of each training and validation epoch and of an online job's server start
+(from the job's log: the epochs alone, without the job's fixed costs) and the disk's high-water
+mark (the first method of train.methods only); with ``--keep-drafters DIR`` each mode's drafter
+of the last round is copied to ``DIR/<mode>`` (to measure the two drafters' acceptance side by
+side, e.g. with lab/drafter_tau.py) and every training's log to ``DIR/logs/<mode>_<n>.log``.
+On a GPU (the data made once, no whole runs; the run's synth journal, if carried in, reused):
 
     PYTHONPATH=src python3 benchmarks/online_vs_stored.py --work . --reuse-work \
         --base config/gpu-quality.yaml --configfile lab/configs/gpu_quality_levers.yaml \
@@ -52,6 +54,7 @@ import yaml
 
 from eagle3_lab import rounds as rounds_lib
 from eagle3_lab.results import write_result
+from eagle3_lab.train_log import phase_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]  # (a host may have no snakemake script)
@@ -170,7 +173,10 @@ def train_alone(
     """One training from scratch in ``mode``, up to train: its figures for the rounds (and its
     drafter copied to ``keep/<mode>``, replacing an earlier round's)."""
 
+    trainings = 0
+
     def once() -> dict:
+        nonlocal trainings
         for d in (run / "train_work" / method, run / "drafter" / method):
             shutil.rmtree(d, ignore_errors=True)
         extra = ["--config", f"extract={{mode: {mode}}}", f"train={{epochs: {epochs}}}"]
@@ -178,11 +184,21 @@ def train_alone(
         with DiskPeak(run, mode) as disk:  # this method's training only
             snakemake(work, configs, *extra, targets=[metrics_file.relative_to(work)])
         metrics = json.loads(metrics_file.read_text())
+        log = run / "logs" / f"train_{method}.log"
         if keep:
             shutil.rmtree(keep / mode, ignore_errors=True)
             shutil.copytree(run / "drafter" / method, keep / mode)
+            # every round's log: the next training overwrites it, and a slow round is
+            # explained only by its own log
+            (keep / "logs").mkdir(parents=True, exist_ok=True)
+            shutil.copy(log, keep / "logs" / f"{mode}_{trainings}.log")
+        trainings += 1
+        attempts = metrics.get("attempts") or [{}]
         return {
             "train_s": job_seconds(run, f"train_{method}"),
+            # the part of the job that grows with the data, and an online job's server start
+            **phase_seconds(log.read_text(errors="replace")),
+            "device": attempts[-1].get("device"),
             "disk_high_water_bytes": disk.peak,
             "loader_wait_fraction": metrics["throughput"].get("loader_wait_fraction"),
             # (None where too few steps were logged: a small run)
@@ -202,6 +218,11 @@ def training_rounds(work, configs, run, method, rounds: int, epochs: int, keep=N
     out = {"epochs": epochs, "rounds": result["rounds"], "surroundings_before": result["before"]}
     for key in ("train_s", "disk_high_water_bytes"):
         out[key] = {m: rounds_lib.spread(rounds_lib.figure(result, m, key)) for m in variants}
+    # the epochs alone (every epoch of every round), without the job's fixed costs
+    out["epoch_s"] = {
+        m: rounds_lib.spread([s for r in result["rounds"] for s in r[m]["epoch_s"]])
+        for m in variants
+    }
     ratios = rounds_lib.paired_ratios(result, "online", "stored", "train_s")
     out["train_s_ratio_online_to_stored"] = {"per_round": ratios, **rounds_lib.spread(ratios)}
     return out

@@ -32,6 +32,7 @@ KEEP = [
     "bench/*.txt",
     "bench/*.raw.xz",  # py-spy profiles (lab/gil_profile.py --keep-raw)
     "logs/*.log",
+    "online_drafters/logs/*.log",  # every online_rounds training's log (online_vs_stored.py)
     "repo/results/*/target/target.json",
     "repo/results/*/prompts/*.json",
     "repo/results/*/prompts/bench_*.jsonl",  # the sets a copied-off drafter is measured on
