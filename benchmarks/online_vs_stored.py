@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import csv
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -220,7 +221,7 @@ def training_rounds(work, configs, run, method, rounds: int, epochs: int, keep=N
         out[key] = {m: rounds_lib.spread(rounds_lib.figure(result, m, key)) for m in variants}
     # the epochs alone (every epoch of every round), without the job's fixed costs
     out["epoch_s"] = {
-        m: rounds_lib.spread([s for r in result["rounds"] for s in r[m]["epoch_s"]])
+        m: rounds_lib.spread(list(itertools.chain(*rounds_lib.figure(result, m, "epoch_s"))))
         for m in variants
     }
     ratios = rounds_lib.paired_ratios(result, "online", "stored", "train_s")
