@@ -174,11 +174,13 @@ eff() { eff_synth; eff_extract_8b; eff_extract; }
 # round's drafter of each mode has its acceptance measured (T = 0). Alone on the GPU.
 # ONLINE_PROMPTS: fewer than the config's 4,000 where less of a host is left.
 ONLINE_RUN=results/gpu-online-rounds
-ONLINE_BASE=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
 online_prep() {  # the on-policy journal copied in; ONLINE_CFG: the config files, with
-  # ONLINE_PROMPTS's (set afresh each call: steps of a lane share one shell)
+  # ONLINE_PROMPTS's (set afresh each call: steps of a lane share one shell). Q_ON_POLICY is
+  # read here, when a step runs: it is defined further down this file, and read where this
+  # function is defined it was empty, so the rounds ran on answers asked with the dataset's
+  # context (their synth stats say `context: dataset`) instead of the on-policy run's
   local journal=results/gpu-quality-on-policy/synth/.partial
-  ONLINE_CFG=("${ONLINE_BASE[@]}")
+  ONLINE_CFG=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
   if [ -d "$journal" ] && [ ! -d "$ONLINE_RUN/synth/.partial" ]; then
     mkdir -p "$ONLINE_RUN/synth" && cp -r "$journal" "$ONLINE_RUN/synth/" || return
   fi
