@@ -36,6 +36,7 @@ def main() -> int:
         "--server-arg", action="append", default=[], help="extra vLLM server argument (repeat)"
     )
     args = ap.parse_args()
+    from eagle3_lab.results import write_result
     from eagle3_pipeline.runtime import setup_logging
 
     setup_logging(None)
@@ -86,7 +87,7 @@ def main() -> int:
         "verification": manifest["verification"],
         "connector": extract.CONNECTOR,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_result(out / "summary.json", summary)
     print(json.dumps(summary, indent=2))
     return 0
 
