@@ -133,6 +133,11 @@ def test_every_file_a_claim_reads_is_cited():
     assert read - cited == set()
 
 
+def test_only_cited_result_files_are_kept():
+    cited, _ = result_citations()
+    assert sorted(tracked_results() - cited) == []
+
+
 def records_a_revision(data) -> bool:
     return isinstance(data, dict) and any(
         isinstance(where, dict) and isinstance(where.get("code"), dict)
