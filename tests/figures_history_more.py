@@ -149,3 +149,103 @@ SLURM = [
         "beside another run (load {f.load_after[0]|.1f})",
     ),
 ]
+
+
+def summary(alias: str, shape: str, variant: str, key: str, spec: str, scale: str = "") -> str:
+    at = f"{alias}.shapes['{shape}'].summary.{variant}.{key}"
+    return f"{{{at}.median{scale}|{spec}}} ({{{at}.min{scale}|{spec}}}–{{{at}.max{scale}|{spec}}})"
+
+
+def med(alias: str, shape: str, variant: str, key: str, spec: str, scale: str = "") -> str:
+    return f"{{{alias}.shapes['{shape}'].summary.{variant}.{key}.median{scale}|{spec}}}"
+
+
+VALIDATOR_COST = [
+    c(
+        "efficiency/validator_cost_cpu_copying.json",
+        "page faults a sample "
+        + summary("f", "llama-8b", "copying", "page_faults_per_sample", ".0f")
+        + " → "
+        + summary("f", "llama-8b", "current", "page_faults_per_sample", ".0f")
+        + ", system CPU "
+        + med("f", "llama-8b", "copying", "system_cpu_ms_per_sample", ".1f")
+        + " → "
+        + med("f", "llama-8b", "current", "system_cpu_ms_per_sample", ".1f")
+        + " ms, wall "
+        + summary("f", "llama-8b", "copying", "wall_ms_per_sample", ".1f")
+        + " → "
+        + summary("f", "llama-8b", "current", "wall_ms_per_sample", ".1f")
+        + " ms, the busy thread's loops a second "
+        + summary("f", "llama-8b", "copying", "busy_loops_per_s", ".1f", " / 1e3").replace(
+            "|.1f}", "|.1f}K"
+        )
+        + " → "
+        + summary("f", "llama-8b", "current", "busy_loops_per_s", ".1f", " / 1e3").replace(
+            "|.1f}", "|.1f}K"
+        )
+        + "; at the 135M width nothing beyond the spread ("
+        + med("f", "smollm2-135m", "copying", "wall_ms_per_sample", ".1f")
+        + " → "
+        + med("f", "smollm2-135m", "current", "wall_ms_per_sample", ".1f")
+        + " ms)",
+    ),
+    c(
+        "efficiency/h200_host_validator_cost_copying.json",
+        summary("f", "llama-8b", "current", "wall_ms_per_sample", ".2f")
+        + " against "
+        + summary("f", "llama-8b", "copying", "wall_ms_per_sample", ".2f")
+        + " ms a sample, {f.shapes['llama-8b'].summary.copying.wall_ms_per_sample.median / "
+        "f.shapes['llama-8b'].summary.current.wall_ms_per_sample.median|.2f}×, system CPU "
+        + med("f", "llama-8b", "current", "system_cpu_ms_per_sample", ".1f")
+        + " against "
+        + med("f", "llama-8b", "copying", "system_cpu_ms_per_sample", ".1f")
+        + " ms, page faults "
+        + med("f", "llama-8b", "current", "page_faults_per_sample", ".0f")
+        + " and "
+        + med("f", "llama-8b", "copying", "page_faults_per_sample", ".0f")
+        + ", loops "
+        + med("f", "llama-8b", "current", "busy_loops_per_s", ".1f", " / 1e3")
+        + "K and "
+        + med("f", "llama-8b", "copying", "busy_loops_per_s", ".1f", " / 1e3")
+        + "K; 135M "
+        + med("f", "smollm2-135m", "current", "wall_ms_per_sample", ".2f")
+        + " against "
+        + med("f", "smollm2-135m", "copying", "wall_ms_per_sample", ".2f")
+        + " ms",
+    ),
+    c(
+        "efficiency/validator_cost_cpu_busy_thread.json",
+        "to {f.shapes['llama-8b'].runs[0].wall_ms_per_sample|.0f} ms beside a busy Python thread "
+        "at Python's 5 ms interval, and to {f.shapes['llama-8b'].runs[1].wall_ms_per_sample|.1f} "
+        "ms at 0.5 ms",
+    ),
+]
+
+E = "efficiency/"
+BEFORE_ROUNDS = [
+    c(
+        E + "synth_throughput.json",
+        "| {f.ratio|.2f} ({f.median.pipeline|.1f} / {f.median.bare|.1f}) | 3 |",
+    ),
+    c(
+        E + "synth_throughput_profile_cpu.json",
+        "| {f.ratio|.3f} ({f.median.pipeline|.1f} / {f.median.bare|.1f}) | 2 |",
+    ),
+    c(
+        E + "h200_synth_throughput.json",
+        "| {f.ratio|.3f} ({f.median.pipeline|,.0f} / {f.median.bare|,.0f}; bare rounds "
+        "{f.runs.bare[0]|,.0f} and {f.runs.bare[1]|,.0f}) | 2 |",
+    ),
+    c(
+        E + "extract_throughput.json",
+        "| {f.ratio|.3f} ({f.median.extract|.0f} / {f.median.bare|.0f}) | 3 |",
+    ),
+    c(
+        E + "h200_extract_throughput_135m.json",
+        "| {f.ratio|.3f} ({f.median.extract / 1e3|.1f}K / {f.median.bare / 1e3|.1f}K) | 2 |",
+    ),
+    c(
+        E + "h200_extract_throughput_8b.json",
+        "| {f.ratio|.3f} ({f.median.extract / 1e3|.1f}K / {f.median.bare / 1e3|.1f}K) | 3 |",
+    ),
+]

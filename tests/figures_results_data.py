@@ -370,3 +370,70 @@ MACHINES = [
         "of {f.by_source['/work/main/src'].part.peak_rss_mib_max|,} MiB",
     ),
 ]
+
+
+def h200(samples: int, prompt_set: str) -> str:
+    return (
+        f"a.points.where(samples={samples}, measured_on='H200', temperature=0.0, "
+        f"synth_temperature=0.0, prompt_set={prompt_set!r})"
+    )
+
+
+def c8_gap(alias: str) -> str:
+    """How far each set's τ at concurrency 8 lies from its τ at 1, in a bench metrics file."""
+    return (
+        f"[abs(r.acceptance_length - {alias}.runs.where(prompt_set=r['prompt_set'], "
+        f"concurrency=1).acceptance_length) for r in {alias}.runs if r['concurrency'] == 8]"
+    )
+
+
+MORE_DATA = [
+    c(
+        {"a": ALL},
+        "and {span([(" + h200(9886, "mtbench") + ".tau - " + h200(2441, "mtbench") + ".tau) / "
+        "log2(9886 / 2441), ("
+        + h200(19131, "mtbench")
+        + ".tau - "
+        + h200(9886, "mtbench")
+        + ".tau) / log2(19131 / 9886)])|.2f} on the H200's",
+    ),
+    c(
+        {
+            "a": ALL,
+            "m": f"{RUN_2441}bench/eagle3/metrics.json",
+            "n": f"{RUN_9886}bench/eagle3/metrics.json",
+        },
+        "The H200 rows were measured at concurrency 1 (2,441 and 9,886 rows; c = 8 within "
+        "{max(" + c8_gap("m") + " + " + c8_gap("n") + ") + 0.004|.2f})",
+    ),
+    c(
+        {"a": ALL},
+        "answered at T = 1 (`lab/configs/gpu_quality_t1.yaml`, "
+        "{a.points.where(samples=19131, synth_temperature=1.0).tokens / 1e6|.1f}M tokens;",
+    ),
+    c(
+        {"a": ALL},
+        "The prediction ({" + h200(19131, "mtbench") + ".predicted|.2f}) stays "
+        "{span([" + h200(19131, "mtbench") + ".predicted - x.tau for x in a.points "
+        "if x['samples'] == 19131 and x['synth_temperature'] == 0.0 "
+        "and x['temperature'] == 0.0])|.2f} above every measurement at T = 0",
+    ),
+]
+
+PER_DOUBLING = (
+    "lo([(" + h200(19131, "mtbench") + ".tau - " + h200(9886, "mtbench") + ".tau) / "
+    "log2(19131 / 9886), (a.points.where(samples=19131, measured_on='CPU', "
+    "prompt_set='mtbench').tau - a.points.where(samples=9886, measured_on='CPU', "
+    "prompt_set='mtbench').tau) / log2(19131 / 9886)])"
+)
+MISSING = "(2.5 - " + h200(19131, "mtbench") + ".tau)"
+NEEDED = "round(19131 * 2 ** (" + MISSING + " / " + PER_DOUBLING + "), -4)"
+MORE_DATA.append(
+    c(
+        {"a": ALL},
+        "At {" + PER_DOUBLING + "|.2f} a doubling the missing {" + MISSING + "|.2f} takes "
+        "{" + MISSING + " / " + PER_DOUBLING + "|.1f} more doublings: **τ 2.5 needs about "
+        "{" + NEEDED + "|,.0f} samples**, {" + NEEDED + " / 19131|.1f} times what the packaged "
+        "ShareGPT gives",
+    )
+)

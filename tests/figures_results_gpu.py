@@ -426,3 +426,34 @@ VALIDATOR = [
         'g.lock_ms_per_request["HTTP transport callbacks (aiohttp), every client\'s"]|.2f}',
     ),
 ]
+
+NOTES = [
+    c(
+        {"g": SPEED_T0},
+        "in {len([x for x in g.results if lo(x.speedup_rounds) > 1])} of {len(g.results)} "
+        "settings every round is faster",
+    ),
+    c(
+        {"g": SPEED_T0},
+        "equal the baseline's at concurrency 1 but for "
+        "{sum([x.outputs_vs_baseline.differing for x in g.results if x['concurrency'] == 1])} "
+        "held-out answers (bfloat16 near-ties of the verify pass); batched bfloat16 is not "
+        "batch-invariant ({span([x.outputs_vs_baseline.differing for x in g.results "
+        "if x['concurrency'] == 8])}",
+    ),
+    c(
+        {"r": f"{ROUNDS}bench/eagle3/metrics.json"},
+        "the default DAG's below at "
+        "{r.runs.where(prompt_set='mtbench', concurrency=1).baseline_tokens_per_s|.0f} on another "
+        "H200 machine",
+    ),
+    c(
+        STEPS,
+        "({f.shapes['llama-8b'].spec_engine.accepted} of "
+        "{f.shapes['llama-8b'].spec_engine.drafts} drafts accepted)",
+    ),
+    c(
+        EFFICIENCY_FILES["e8"],
+        "or ShareGPT rows ({f.tokens / 1e3|.0f}K tokens; extraction: c = {f.args.concurrency})",
+    ),
+]

@@ -418,3 +418,27 @@ TENSOR_PARALLEL_SUMMARY = [
         "training on {f.jobs.where(rule='train').nodes} nodes",
     ),
 ]
+
+CROSS_REFERENCES = [
+    c(
+        {
+            "r": "gpu_runs/gpu-rounds/bench/eagle3/metrics.json",
+            "m": f"{METHODS_ROUNDS}h200_methods_speed_rounds.json",
+            "g": "gpu_runs/quality-speed/h200_quality_speed_t0.json",
+        },
+        "loses here at τ {r.runs.where(prompt_set='mtbench', concurrency=1).acceptance_length|.1f} "
+        "({r.runs.where(prompt_set='mtbench', concurrency=1).speedup|.2f}×) and "
+        "{m.results.where(method='eagle3', concurrency=1).acceptance_length|.2f} "
+        "({m.results.where(method='eagle3', concurrency=1).speedup|.2f}×) and gains from τ "
+        "{g.results.where(prompt_set='mtbench', concurrency=1).acceptance_length|.2f} "
+        "({g.results.where(prompt_set='mtbench', concurrency=1).speedup|.2f}×, every round "
+        "{span(g.results.where(prompt_set='mtbench', concurrency=1).speedup_rounds)|.2f}:",
+    ),
+]
+CROSS_REFERENCES.append(
+    c(
+        "methods/gpu-methods-blocks_cpu_replay.json",
+        "within {max([abs(x.served - x.replay) for x in f.table]) + 0.0005|.3f} of τ for the "
+        "H200's DFlash drafters",
+    )
+)
