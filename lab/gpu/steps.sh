@@ -82,7 +82,7 @@ m_speed() {  # its server starts yield the CPUs to the trainings (nice); measure
 # earlier host (collect --drafters RUN:NAME --slim, its parts copied to $W/drafters before
 # start) is put back from the run's target, made here; the held-out set is then the committed
 # run's (benchmarks/results/gpu_runs/RUN/prompts). M_ROUNDS_HELDOUT=0 times MT-Bench only:
-# data, trainings and both drafters' rounds then fit one 30-minute host (21 minutes with the bundle).
+# data, trainings and both drafters' rounds then take 21 minutes with the bundle (under 30).
 m_rounds() {
   local x d=() heldout=$R/prompts/bench_heldout.jsonl sets=(--mtbench 80)
   [ -f "$R/target/target.json" ] || smk m1 "${M[@]}" --until target || return
