@@ -21,11 +21,15 @@ from ..runtime.files import read_json, stable_hash, write_json
 
 log = logging.getLogger(__name__)
 
-# ‖served - stored‖ / ‖stored‖ per aux layer. bf16 storage holds the served dtype exactly (the
-# same kernels give the same values; other batch shapes change the last bits); fp8 storage
-# rounds to 3 mantissa bits (about 3% RMS). A wrong, shifted or reordered layer is off by far
-# more, and shows in the closest stored slot as well.
-LIMITS = {"bf16": 0.05, "fp8": 0.12}
+# Each served aux layer must be nearest to the stored layer it was trained on, by a wide margin
+# (its distance at most DISTANCE_RATIO of the distance to any other captured layer: a shifted,
+# reordered or wrongly computed layer is about as far from its own slot as from a neighbour),
+# and within LIMITS of it (‖served - stored‖ / ‖stored‖). bf16 values differ with the batch
+# they were computed in (a random DeepSeek-V3 miniature: 0-4% between a row extracted at
+# concurrency 4 and the same row served alone); fp8 storage adds its rounding (3 mantissa bits,
+# about 3% RMS). The limits leave room for that across many layers.
+LIMITS = {"bf16": 0.15, "fp8": 0.2}
+DISTANCE_RATIO = 0.5
 PROBE_MAX_TOKENS = 4
 
 
@@ -73,9 +77,7 @@ def check(
     timeout: float = 600.0,
 ) -> dict[str, Any]:
     """Ask the drafter's server (started with :func:`probe_env`) for one stored row and
-    compare what its drafter was fed with the stored aux layers."""
-    import numpy as np
-
+    compare what its drafter was fed with the stored aux layers (:func:`judge`)."""
     picked = pick_sample(manifest, max_model_len - PROBE_MAX_TOKENS)
     if picked is None:
         return {"checked": False, "why": "no stored sample fits vllm.max_model_len"}
@@ -98,36 +100,49 @@ def check(
             f"({aux_layer_ids})"
         )
     result = serve_probe.compare(served, seen, stored, slots)
-    limit = LIMITS.get(manifest.get("storage"), LIMITS["bf16"])
     result.update(
-        checked=True,
         sample=index,
         tokens=len(ids),
         aux_layer_ids=list(aux_layer_ids),
         storage=manifest.get("storage"),
-        limit=limit,
         recorded_calls=len(calls),
     )
-    result["ok"] = bool(
-        result["positions"] == len(ids)
-        and result["closest_slot"] == slots
-        and np.isfinite(result["max_rel_err"])
-        and result["max_rel_err"] <= limit
+    return judge(result)
+
+
+def judge(result: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`~eagle3_pipeline.engine.serve_probe.compare` result (with ``tokens`` and
+    ``storage``) with its verdict: every position recorded, each served layer nearest its
+    trained-on slot by :data:`DISTANCE_RATIO`, and within the storage's limit."""
+    import math
+
+    limit = LIMITS.get(result.get("storage"), LIMITS["bf16"])
+    worst = result["max_rel_err"]
+    ok = (
+        result["positions"] == result["tokens"]
+        and result["closest_slot"] == result["expected_slots"]
+        and max(result["distance_ratio_to_next_layer"]) <= DISTANCE_RATIO
+        and worst is not None
+        and math.isfinite(worst)
+        and worst <= limit
     )
-    return result
+    return {**result, "checked": True, "limit": limit, "ok": bool(ok)}
 
 
 def verdict_problem(result: dict[str, Any]) -> str | None:
     """What is wrong with a :func:`check` result, or None."""
     if not result.get("checked") or result.get("ok"):
         return None
+    ratios = [round(r, 3) for r in result["distance_ratio_to_next_layer"]]
     return (
         "TRAIN/SERVE MISMATCH: at serve time the drafter is fed other features than it was "
         f"trained on (sample {result['sample']}, {result['positions']} of {result['tokens']} "
         f"positions recorded; relative error per aux layer "
         f"{[round(e, 4) for e in result['rel_err_per_layer']]} against a limit of "
         f"{result['limit']}; each served layer closest to stored slot {result['closest_slot']}, "
-        f"trained on slots {result.get('expected_slots')}). The vLLM that serves the drafter "
+        f"trained on slots {result.get('expected_slots')}, distance to the trained-on layer "
+        f"over the distance to the next one {ratios}, at most {DISTANCE_RATIO}). The vLLM that "
+        "serves the drafter "
         "computes the aux layers differently from the one that extracted them: extract and "
         "serve with the same vLLM and model settings, then re-extract and re-train"
     )

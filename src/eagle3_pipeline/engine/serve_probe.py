@@ -176,11 +176,12 @@ def read_calls(directory: str | Path) -> list[dict[str, Any]]:
 
 
 def served_features(calls: list[dict[str, Any]], token_ids) -> tuple[Any, Any]:
-    """For one row of ``token_ids`` (sent as a prompt), the features the drafter received at
-    each position: ``(features [n, aux * hidden] with NaN rows where none was recorded,
-    whether each position was recorded)``. A call's tokens count for the row where every
-    token up to that position is the row's (a prefix-cache hit skips positions; decode calls
-    of the same row beyond its end are ignored)."""
+    """For one sequence ``token_ids`` (sent as a prompt, or a prompt and what the server then
+    generated), the features the drafter received at each position: ``(features [n, aux *
+    hidden], NaN rows where none was recorded; whether each position was recorded)``. Within a
+    call, a run of consecutive positions counts up to its first token that is not the
+    sequence's: a verification step's rejected drafts, and everything computed after them, are
+    features of another prefix."""
     import numpy as np
 
     token_ids = np.asarray(token_ids)
@@ -189,11 +190,16 @@ def served_features(calls: list[dict[str, Any]], token_ids) -> tuple[Any, Any]:
     feats = np.full((n, width), np.nan, dtype=np.float32)
     seen = np.zeros(n, dtype=bool)
     for call in calls:
-        pos, ids = call["positions"], call["token_ids"]
-        ok = (pos >= 0) & (pos < n)
-        ok[ok] &= token_ids[pos[ok]] == ids[ok]
-        feats[pos[ok]] = call["features"][ok]
-        seen[pos[ok]] = True
+        ok, previous = False, None
+        for row, (pos, tok) in enumerate(zip(call["positions"], call["token_ids"], strict=True)):
+            pos = int(pos)
+            if previous is None or pos != previous + 1:
+                ok = True  # a new request (or a new run) starts here
+            previous = pos
+            ok = ok and 0 <= pos < n and int(token_ids[pos]) == int(tok)
+            if ok:
+                feats[pos] = call["features"][row]
+                seen[pos] = True
     return feats, seen
 
 
@@ -212,10 +218,19 @@ def compare(served, seen, stored, slots: list[int]) -> dict[str, Any]:
         return {**result, "rel_err_per_layer": [], "closest_slot": [], "max_rel_err": None}
     got = np.asarray(served[:n][mask]).reshape(-1, len(slots), hidden)
     want = stored[mask]
-    rel, closest = [], []
+    rel, closest, margin = [], [], []
     for i, slot in enumerate(slots):
         ref = np.linalg.norm(want[:, slot])
-        rel.append(float(np.linalg.norm(got[:, i] - want[:, slot]) / max(ref, 1e-30)))
         dist = [float(np.linalg.norm(got[:, i] - want[:, j])) for j in range(num_slots)]
+        rel.append(dist[slot] / max(float(ref), 1e-30))
         closest.append(int(np.argmin(dist)))
-    return {**result, "rel_err_per_layer": rel, "closest_slot": closest, "max_rel_err": max(rel)}
+        others = [d for j, d in enumerate(dist) if j != slot]
+        # how much nearer the trained-on layer is than any other captured one
+        margin.append(dist[slot] / max(min(others), 1e-30) if others else 0.0)
+    return {
+        **result,
+        "rel_err_per_layer": rel,
+        "closest_slot": closest,
+        "distance_ratio_to_next_layer": margin,
+        "max_rel_err": max(rel),
+    }
