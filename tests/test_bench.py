@@ -581,6 +581,15 @@ def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
     cfg["speculators_config"]["verifier"]["name_or_path"] = "/nonexistent/model"
     (broken / "config.json").write_text(json.dumps(cfg))
     assert any("does not exist" in p for p in problems(drafter_dir=broken))
+    # vLLM sizes the fc for num_aux_hidden_states aux layers (3 when absent), whatever the ids
+    cfg = json.loads((trained["dir"] / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == len(
+        cfg["eagle_aux_hidden_state_layer_ids"]
+    )
+    cfg["transformer_layer_config"]["num_aux_hidden_states"] = 2
+    (broken / "config.json").write_text(json.dumps(cfg))
+    fc_problem = "vLLM builds the drafter's fc for 2 aux layers"
+    assert any(fc_problem in p for p in problems(drafter_dir=broken))
 
 
 @pytest.mark.server
@@ -593,8 +602,9 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     bad = tmp_path / "drafter"
     shutil.copytree(trained["dir"], bad)
     weights = load_file(bad / "model.safetensors")
-    fc = next(k for k in weights if k.endswith("fc.weight"))
-    weights[fc] = weights[fc][:, :-7].contiguous()  # wrong shape
+    # (a wrong fc width is caught before any server starts: the consistency check's)
+    down = next(k for k in weights if k.endswith("down_proj.weight"))
+    weights[down] = weights[down][:, :-7].contiguous()  # wrong shape
     save_file(weights, bad / "model.safetensors")
     manifest = tmp_path / "manifest.json"
     write_json(manifest, trained["manifest"])

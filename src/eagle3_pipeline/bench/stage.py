@@ -31,8 +31,9 @@ from ..server import ServerError, VllmServer
 from ..stats import median
 from ..target.chat import context_limit
 from ..target.stage import load_info
+from . import features as features_lib
 from . import gate as gate_lib
-from .cache import baseline_key, drafter_key, measure_cached
+from .cache import baseline_key, drafter_identity, drafter_key, measure_cached
 from .measure import (
     BASELINE,
     DRAFTER,
@@ -115,15 +116,18 @@ def start_server(
     log_path,
     paired: bool = False,
     cache_root=None,
+    env: dict[str, str] | None = None,
 ) -> VllmServer:
     """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one);
-    ``cache_root``: its own vLLM compile cache (servers compiling side by side)."""
+    ``cache_root``: its own vLLM compile cache (servers compiling side by side); ``env``:
+    more environment for it."""
     spec = spec_for_target(
         vllm_cfg,
         target,
         extra_args=server_args(cfg, vllm_cfg, paired),
         speculative_config=spec_cfg,
     )
+    spec.env.update(env or {})
     try:
         return VllmServer(spec, log_path, cache_root).start()
     except ServerError as e:
@@ -335,10 +339,45 @@ def run(
     name = name or method
     t0 = time.monotonic()
 
+    # the aux features the served drafter is fed, checked on its first server (stored hidden
+    # states only: online and hybrid runs keep none to compare with)
+    identity = drafter_identity(drafter_dir)
+    probe = own.speculative_config()["method"] == "eagle3" and bool(manifest_path)
+    served_features = features_lib.cached(cache_dir, identity, manifest) if probe else None
+
     def drafter_server(k: int) -> VllmServer:
+        nonlocal served_features
         spec_cfg = speculative_config(method, drafter_dir, k, cfg)
         what = f"the server with the {method} drafter (k={k})"
-        return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
+        probe_here = probe and served_features is None
+        probe_dir = features_lib.probe_dir() if probe_here else None
+        env = features_lib.probe_env(probe_dir) if probe_here else None
+        server = start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired, env=env)
+        if probe_here:
+            try:
+                served_features = features_lib.check(
+                    server.base_url,
+                    server.spec.model,
+                    probe_dir,
+                    manifest,
+                    check["drafter"]["aux_layer_ids"],
+                    vllm_cfg["max_model_len"],
+                )
+            except Exception:
+                server.stop()
+                raise
+            problem = features_lib.verdict_problem(served_features)
+            if problem:
+                server.stop()
+                raise BenchError(problem)
+            features_lib.keep(cache_dir, identity, manifest, served_features)
+            log.info(
+                "served drafter's features match the extraction: relative error per aux "
+                "layer %s over %d positions",
+                [round(e, 5) for e in served_features["rel_err_per_layer"]],
+                served_features["positions"],
+            )
+        return server
 
     def measure_todo(todo: dict[int, dict[str, list[dict]]], keep) -> int:
         """One drafter server per k with sets to measure, beside one baseline server."""
@@ -412,6 +451,8 @@ def run(
         "verdict": verdict,
         "gate": gate,
         "consistency": check,
+        "served_features": served_features
+        or {"checked": False, "why": "no stored hidden states (extract.mode) or not EAGLE-3"},
         "served_with_shorter_block": shorter,
         "prediction": prediction,
         "this_run": this_run,
