@@ -160,57 +160,60 @@ def med(alias: str, shape: str, variant: str, key: str, spec: str, scale: str = 
     return f"{{{alias}.shapes['{shape}'].summary.{variant}.{key}.median{scale}|{spec}}}"
 
 
+def pair(key: str, spec: str, sep: str, shape: str = "llama-8b", spread: bool = True) -> str:
+    """The copying validator's figure, then the current one's (``sep`` between)."""
+    one = summary if spread else med
+    return sep.join(one("f", shape, v, key, spec) for v in ("copying", "current"))
+
+
+def loops(spread: bool = True) -> str:
+    """The busy thread's loops a second, in thousands (copying, then current)."""
+    one = summary if spread else med
+    return " → ".join(
+        one("f", "llama-8b", v, "busy_loops_per_s", ".1f", " / 1e3").replace("|.1f}", "|.1f}K")
+        for v in ("copying", "current")
+    )
+
+
 VALIDATOR_COST = [
     c(
         "efficiency/validator_cost_cpu_copying.json",
         "page faults a sample "
-        + summary("f", "llama-8b", "copying", "page_faults_per_sample", ".0f")
-        + " → "
-        + summary("f", "llama-8b", "current", "page_faults_per_sample", ".0f")
+        + pair("page_faults_per_sample", ".0f", " → ")
         + ", system CPU "
-        + med("f", "llama-8b", "copying", "system_cpu_ms_per_sample", ".1f")
-        + " → "
-        + med("f", "llama-8b", "current", "system_cpu_ms_per_sample", ".1f")
+        + pair("system_cpu_ms_per_sample", ".1f", " → ", spread=False)
         + " ms, wall "
-        + summary("f", "llama-8b", "copying", "wall_ms_per_sample", ".1f")
-        + " → "
-        + summary("f", "llama-8b", "current", "wall_ms_per_sample", ".1f")
+        + pair("wall_ms_per_sample", ".1f", " → ")
         + " ms, the busy thread's loops a second "
-        + summary("f", "llama-8b", "copying", "busy_loops_per_s", ".1f", " / 1e3").replace(
-            "|.1f}", "|.1f}K"
-        )
-        + " → "
-        + summary("f", "llama-8b", "current", "busy_loops_per_s", ".1f", " / 1e3").replace(
-            "|.1f}", "|.1f}K"
-        )
+        + loops()
         + "; at the 135M width nothing beyond the spread ("
-        + med("f", "smollm2-135m", "copying", "wall_ms_per_sample", ".1f")
-        + " → "
-        + med("f", "smollm2-135m", "current", "wall_ms_per_sample", ".1f")
+        + pair("wall_ms_per_sample", ".1f", " → ", "smollm2-135m", spread=False)
         + " ms)",
     ),
     c(
         "efficiency/h200_host_validator_cost_copying.json",
-        summary("f", "llama-8b", "current", "wall_ms_per_sample", ".2f")
-        + " against "
-        + summary("f", "llama-8b", "copying", "wall_ms_per_sample", ".2f")
+        " against ".join(
+            summary("f", "llama-8b", v, "wall_ms_per_sample", ".2f") for v in ("current", "copying")
+        )
         + " ms a sample, {f.shapes['llama-8b'].summary.copying.wall_ms_per_sample.median / "
         "f.shapes['llama-8b'].summary.current.wall_ms_per_sample.median|.2f}×, system CPU "
-        + med("f", "llama-8b", "current", "system_cpu_ms_per_sample", ".1f")
-        + " against "
-        + med("f", "llama-8b", "copying", "system_cpu_ms_per_sample", ".1f")
+        + " against ".join(
+            med("f", "llama-8b", v, "system_cpu_ms_per_sample", ".1f")
+            for v in ("current", "copying")
+        )
         + " ms, page faults "
-        + med("f", "llama-8b", "current", "page_faults_per_sample", ".0f")
-        + " and "
-        + med("f", "llama-8b", "copying", "page_faults_per_sample", ".0f")
+        + " and ".join(
+            med("f", "llama-8b", v, "page_faults_per_sample", ".0f") for v in ("current", "copying")
+        )
         + ", loops "
-        + med("f", "llama-8b", "current", "busy_loops_per_s", ".1f", " / 1e3")
-        + "K and "
-        + med("f", "llama-8b", "copying", "busy_loops_per_s", ".1f", " / 1e3")
-        + "K; 135M "
-        + med("f", "smollm2-135m", "current", "wall_ms_per_sample", ".2f")
-        + " against "
-        + med("f", "smollm2-135m", "copying", "wall_ms_per_sample", ".2f")
+        + " and ".join(
+            med("f", "llama-8b", v, "busy_loops_per_s", ".1f", " / 1e3") + "K"
+            for v in ("current", "copying")
+        )
+        + "; 135M "
+        + " against ".join(
+            med("f", "smollm2-135m", v, "wall_ms_per_sample", ".2f") for v in ("current", "copying")
+        )
         + " ms",
     ),
     c(

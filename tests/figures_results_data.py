@@ -373,6 +373,7 @@ MACHINES = [
 
 
 def h200(samples: int, prompt_set: str) -> str:
+    """The H200-measured T = 0 point of the greedy-data drafter of ``samples`` rows."""
     return (
         f"a.points.where(samples={samples}, measured_on='H200', temperature=0.0, "
         f"synth_temperature=0.0, prompt_set={prompt_set!r})"
