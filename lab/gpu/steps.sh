@@ -339,6 +339,34 @@ curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
 }
+# The Kimi-K2.5 profile on the miniature (lab/configs/gpu_kimi_miniature.yaml; the model carried
+# in parts, `unpack .gpu/mini/kimi-miniature.tar.xz` puts it at models/kimi-miniature): the data
+# (synth through the kimi_k2 parser, extraction), the drafter, what the served drafter is fed
+# (benchmarks/serve_features.py), then the bench in rounds and the report; its servers' logs
+# name the MLA backend and the MoE method vLLM picked.
+#   start facts km_data,km_train,km_features,km_bench
+KM_CFG=(--configfile config/kimi-k2.5.yaml lab/configs/gpu_kimi_miniature.yaml)
+KM=results/kimi-miniature
+km_data() { smk km "${KM_CFG[@]}" --until extract_gather vocab prompts_bench; }
+km_train() { smk km $KM/drafter/eagle3/metrics.json "${KM_CFG[@]}"; }
+km_features() {
+  python3 benchmarks/serve_features.py "${KM_CFG[@]}" --rows 8 --generate 48 \
+    --out "$W/bench/gpu_kimi_miniature_serve_features.json"
+}
+km_bench() { smk km "${KM_CFG[@]}"; }
+# Extraction against a bare prefill of the same rows (benchmarks/extract_throughput.py), bf16
+# and fp8 storage, 3 rounds each, on the run's prepared rows
+km_extract_rates() {
+  python3 -c 'import sys, yaml; from eagle3_pipeline import config as c
+yaml.safe_dump(c.load_files(sys.argv[1:]), open("/tmp/w/km_config.yaml", "w"))' "${KM_CFG[@]:1}" || return
+  for storage in bf16 fp8; do
+    python3 benchmarks/extract_throughput.py --config /tmp/w/km_config.yaml \
+      --target $KM/target/target.json --dataset $KM/prepare/dataset --rows 1024 \
+      --concurrency 64 --rounds 3 --storage $storage \
+      --out "$W/bench/gpu_kimi_miniature_extract_${storage}_rounds.json" || return
+  done
+}
+
 facts() {
   nvidia-smi
   python3 -c 'import sys, torch
