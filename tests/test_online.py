@@ -24,6 +24,7 @@ import pytest
 from eagle3_pipeline import extract, train
 from eagle3_pipeline.extract import online
 from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.disk import sample_bytes
 from eagle3_pipeline.prepare import stage as prepare
 from eagle3_pipeline.runtime.files import read_json, write_jsonl_zst
 from eagle3_pipeline.synth import stage as synth
@@ -182,7 +183,7 @@ def test_hybrid_keeps_what_fits_and_reads_it_back(
     from datasets import load_from_disk
 
     ds = load_from_disk(str(data["dataset"])).with_format(None)
-    half = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
+    half = sum(sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
     cfg = extract_config(
         mode="hybrid", endpoints=[extraction_server["url"]], hybrid_disk_gib=half / 2**30
     )
@@ -236,7 +237,7 @@ def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
     from datasets import load_from_disk
 
     ds = load_from_disk(str(data["dataset"])).with_format(None)
-    half = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
+    half = sum(sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
     cfg = extract_config(
         mode="hybrid",
         transport="mooncake",

@@ -13,6 +13,8 @@ from eagle3_pipeline import extract
 from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.extract import online
 from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.disk import sample_bytes
+from eagle3_pipeline.runtime import disk
 from eagle3_pipeline.runtime.files import AppendLog
 
 from conftest import default_config
@@ -35,7 +37,7 @@ SPEC_ARGS = dict(  # online.write_spec's arguments but the extraction config
 
 
 def test_hybrid_keeps_the_leading_rows_that_fit():
-    one = planlib.sample_bytes(100, 4, 576, "bf16")
+    one = sample_bytes(100, 4, 576, "bf16")
     lens = [100] * 10
     assert online.kept_rows(lens, 4, 576, "bf16", None) == 10
     assert online.kept_rows(lens, 4, 576, "bf16", 0) == 0
@@ -187,7 +189,7 @@ def test_the_plan_shows_every_modes_disk_gpus_and_time(tmp_path):
     )
     plan = planlib.make_plan(cfg, tmp_path / "run")
     modes = plan["modes"]
-    largest = planlib.sample_bytes(cfg["prepare"]["seq_length"], 4, 576, "bf16")
+    largest = sample_bytes(cfg["prepare"]["seq_length"], 4, 576, "bf16")
     assert modes["stored"]["disk_bytes"] == plan["disk"]["bytes_by_storage"]["bf16"]
     in_flight = 2 * 3 * largest  # 2 processes x 3 DataLoader workers, a sample each
     assert modes["online"]["disk_bytes"] == in_flight
@@ -233,7 +235,7 @@ def test_through_a_mooncake_store_online_training_fills_no_disk(tmp_path):
 
 
 def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypatch):
-    monkeypatch.setattr(planlib, "free_bytes", lambda path: (GIB // 4, tmp_path))
+    monkeypatch.setattr(disk, "free_bytes", lambda path: (GIB // 4, tmp_path))
     cfg = default_config(extract={"mode": "hybrid", "hybrid_disk_gib": 5})
     (problem,) = [p for p in planlib.make_plan(cfg, tmp_path)["problems"] if p["check"] == "disk"]
     assert "extract.hybrid_disk_gib" in problem["message"]

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.spec import with_memory_share
+from ..hidden_states.disk import sample_bytes
 from ..hidden_states.layers import resolve_layers
-from ..plan import sample_bytes
 from ..runtime.files import AppendLog, read_json, stable_hash, write_json
 from .capture import server_spec
 

@@ -11,21 +11,15 @@ from pathlib import Path
 
 from ..hidden_states import shards
 from ..hidden_states.checks import NextTokenProbe, model_fits, reference_errors
+from ..hidden_states.disk import sample_bytes
 from ..runtime import Progress
+from ..runtime.disk import check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.provenance import provenance
 from ..server import VllmServer
 from ..target.stage import load_info
 from .book import REUSE, ShardBook, reset_layout, shard_entries
-from .capture import (
-    ExtractError,
-    capture_fingerprint,
-    check_disk,
-    resolve_layers,
-    row_key,
-    sample_bytes,
-    server_spec,
-)
+from .capture import ExtractError, capture_fingerprint, resolve_layers, row_key, server_spec
 from .client import Extractor
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,10 @@ bytes in both storages, from rates measured in benchmarks/results/ (estimates, :
 A real run is refused before its first job when the disk or the GPUs cannot hold it
 (``plan.allow`` overrides); a dry run prints the same as warnings.
 
-The extract stage checks its disk with the same code (:func:`check_disk`), on the rows it
-really has. Role: infrastructure (its folder: staleness.code.role) — the plan decides whether
-and where a run starts, never what a stage computes; no stage's result depends on it.
+The extract and train jobs check their disk with the same code
+(:func:`eagle3_pipeline.runtime.disk.check_disk`), on the rows they really have. Role:
+infrastructure (its folder: staleness.code.role) — the plan decides whether and where a run
+starts, never what a stage computes; no stage's result depends on it.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..engine.spec import memory_utilization
+from ..hidden_states.disk import BYTES_PER_VALUE, sample_bytes
 from ..hidden_states.layers import LayerIdError, resolve_layers
+from ..runtime import disk
+from ..runtime.disk import ALLOW_KEY, GIB, bytes_under, disk_problem
 from ..runtime.gpus import nvidia_smi_rows
 from . import model_shape
-from .modes import MODES, mode_estimates, staged_sample_bytes  # noqa: F401
+from .modes import MODES, mode_estimates
 from .stages import (
     MODEL_LOAD,
     model_load_seconds,
@@ -39,75 +42,7 @@ from .stages import (
 
 log = logging.getLogger(__name__)
 
-GIB = 2**30
-BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
 CHARS_PER_TOKEN = 4  # English text; a prompt has at most prompts.max_chars characters
-ALLOW_KEY = "plan.allow"
-
-
-class DiskBudgetError(RuntimeError):
-    pass
-
-
-# ---- disk: the one check, at planning time and in the extract job ---------------------------
-
-
-def sample_bytes(tokens: int, num_layers: int, hidden: int, storage: str) -> int:
-    """Bytes of one sample file (tensor data plus a small safetensors header)."""
-    data = tokens * num_layers * hidden * BYTES_PER_VALUE[storage] + tokens * 8
-    if storage == "fp8":
-        data += tokens * 4  # per-token float32 scales
-    return data + 512
-
-
-def free_bytes(path: Path) -> tuple[int, Path]:
-    """Free bytes of the file system ``path`` will be on (its nearest existing parent)."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free, p
-
-
-def disk_problem(
-    needed: int, free: int, margin: float, where: Path, remedy: str | None = None
-) -> str | None:
-    """What to do when ``needed`` bytes (times ``margin``) do not fit ``free``; else None.
-    ``remedy``: what to lower instead of the stored mode's levers."""
-    if needed * margin <= free:
-        return None
-    short = needed * margin - free
-    remedy = remedy or (
-        "use extract.storage: fp8 (half the size, at about the same extraction rate), lower "
-        "prepare.seq_length / the number of prompts, or use extract.mode: online or hybrid "
-        "(docs/train.md: no stored hidden states)"
-    )
-    return (
-        f"hidden states need about {needed / GIB:.1f} GiB (x{margin} margin = "
-        f"{needed * margin / GIB:.1f} GiB) but {where} has {free / GIB:.1f} GiB free. "
-        f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, {remedy}; or set "
-        f"{ALLOW_KEY}: [disk] to proceed anyway."
-    )
-
-
-def check_disk(root: Path, needed: int, margin: float, allow: bool = False) -> dict[str, Any]:
-    """The extract job's check, on its real rows: refuse (DiskBudgetError) unless allowed."""
-    root.mkdir(parents=True, exist_ok=True)
-    free, _ = free_bytes(root)
-    info = {"estimated_bytes": needed, "free_bytes": free, "margin": margin}
-    problem = disk_problem(needed, free, margin, root)
-    if problem and not allow:
-        raise DiskBudgetError(problem)
-    if problem:
-        log.warning("%s (%s lists disk: proceeding)", problem, ALLOW_KEY)
-    log.info("disk: %.2f GiB needed, %.1f GiB free", needed / GIB, free / GIB)
-    return info
-
-
-def bytes_under(path: Path) -> int:
-    """Bytes already stored under ``path`` (finished samples are reused, not rewritten)."""
-    if not path.is_dir():
-        return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # ---- GPU memory -------------------------------------------------------------------------------
@@ -294,7 +229,7 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
     if by_storage:
         total = by_storage[x["storage"]]
         stored = bytes_under(hs_dir)
-        free, on = free_bytes(hs_dir)
+        free, on = disk.free_bytes(hs_dir)
         plan["disk"] = {
             "hidden_state_bytes": total,
             "already_stored_bytes": stored,

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..hidden_states.disk import staged_sample_bytes
+
 MODES = ("stored", "online", "hybrid")
 
 
@@ -43,12 +45,6 @@ def requests_in_flight(cfg: dict) -> int:
     per process without workers) of each of its training processes."""
     train = cfg["train"]
     return max(train["gpus"], 1) * train["nodes"] * max(1, loader_workers(cfg))
-
-
-def staged_sample_bytes(extract_cfg: dict, sample_bytes: int) -> int:
-    """What one sample asked for and not yet loaded fills on the disk: its file, or nothing
-    when a Mooncake store holds it (extract.transport mooncake)."""
-    return 0 if extract_cfg["transport"] == "mooncake" else sample_bytes
 
 
 def mode_estimates(

@@ -17,7 +17,8 @@ from ..extract import online
 from ..extract.capture import ExtractError, capture_fingerprint
 from ..extract.stage import enforce as enforce_extraction
 from ..hidden_states import mooncake
-from ..plan import bytes_under, check_disk, sample_bytes, staged_sample_bytes
+from ..hidden_states.disk import sample_bytes, staged_sample_bytes
+from ..runtime.disk import bytes_under, check_disk
 from ..runtime.gpus import visible_devices
 from .errors import TrainError
 
