@@ -26,6 +26,7 @@ from typing import Any
 from ..engine.spec import memory_utilization
 from ..hidden_states.disk import BYTES_PER_VALUE, sample_bytes
 from ..hidden_states.layers import LayerIdError, resolve_layers
+from ..online.servers import servers_per_gpu
 from ..runtime import disk
 from ..runtime.disk import ALLOW_KEY, GIB, bytes_under, disk_problem
 from ..runtime.gpus import nvidia_smi_rows
@@ -95,8 +96,6 @@ def colocated_problems(cfg: dict, weights: int, gib: float, memory: dict) -> lis
     """extract.colocate: the train job's extraction servers share the trainer's GPUs in
     extract.colocated_gpu_memory of each; each server's part of its GPUs must still hold its
     part of the weights."""
-    from ..extract.online import servers_per_gpu
-
     x, tp = cfg["extract"], cfg["vllm"]["tensor_parallel_size"]
     if x["mode"] == "stored" or not x["colocate"] or x["endpoints"]:
         return []

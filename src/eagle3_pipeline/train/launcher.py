@@ -25,8 +25,8 @@ def _training_process_modules() -> None:
     """Never called. The training process runs these modules in a subprocess; importing them
     here puts them into the train rule's code hash (staleness.code.code_hash), so an edit to either
     re-runs the stage."""
-    from ..extract import online_transfer  # noqa: F401  (extract.mode online/hybrid)
     from ..hidden_states import dataset as hs_backend  # noqa: F401
+    from ..online import transfer  # noqa: F401  (extract.mode online/hybrid)
     from . import entry  # noqa: F401
 
 
