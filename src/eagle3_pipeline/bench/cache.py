@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import RESULT_KEYS
 from ..runtime.files import iter_jsonl, read_json, sha256_file, stable_hash, write_json
+from ..staleness.keys import RESULT_KEYS
 from .measure import bench_rounds
 
 log = logging.getLogger(__name__)

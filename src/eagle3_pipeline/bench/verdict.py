@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import HELDOUT_SET
+from ..prompts.selection import HELDOUT_SET
 from ..stats import median
 
 ONE_ROUND, FASTER, SLOWER, WITHIN_NOISE = "one round", "faster", "slower", "within noise"

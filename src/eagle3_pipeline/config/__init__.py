@@ -12,7 +12,12 @@ import jsonschema
 import yaml
 
 from .. import methods
-from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS, result_config
+from ..bench.settings import bench_chat_template_kwargs, bench_sets, speculative_tokens
+from ..errors import ConfigError
+from ..prompts.selection import HELDOUT_SET
+from ..prompts.sources import bench_set_spec, prompt_files
+from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS
+from ..staleness.params import result_config, sort_keys
 from .checks import (
     check_semantics,
     method_problems,
@@ -21,35 +26,21 @@ from .checks import (
     resolve_train_gpus,
     variant_problems,
 )
-from .schema import (
-    SCHEMA_PATH,
-    ConfigError,
-    coerce_cli_strings,
-    load_schema,
-    problems_of,
-    sort_keys,
-)
+from .schema import SCHEMA_PATH, coerce_cli_strings, load_schema, problems_of
 from .values import (
-    HELDOUT_SET,
-    bench_chat_template_kwargs,
-    bench_set_spec,
-    bench_sets,
-    check_tensor_parallel,
     drafter_names,
     extraction_server_gpus,
     extracts_in_train,
     job_section,
     method_of,
     online_server_gpus,
-    prompt_files,
     run_dir,
     server_gpus,
-    source_name,
-    speculative_tokens,
     stage_gpus,
 )
 
-# what other modules and the rules import from here (the config's public names)
+# what the rules, scripts and tests import from here (the config's public names, some of them
+# defined where the stage they describe lives)
 __all__ = [
     "BENCH_VLLM_KEYS",
     "DEFAULT_PATH",
@@ -62,7 +53,6 @@ __all__ = [
     "bench_set_spec",
     "bench_sets",
     "check_semantics",
-    "check_tensor_parallel",
     "coerce_cli_strings",
     "deep_update",
     "drafter_names",
@@ -83,8 +73,6 @@ __all__ = [
     "result_config",
     "run_dir",
     "server_gpus",
-    "sort_keys",
-    "source_name",
     "speculative_tokens",
     "stage_gpus",
     "train_job_section",

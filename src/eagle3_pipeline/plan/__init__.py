@@ -26,6 +26,7 @@ from typing import Any
 from ..engine.spec import memory_utilization
 from ..hidden_states.disk import BYTES_PER_VALUE, sample_bytes
 from ..hidden_states.layers import LayerIdError, resolve_layers
+from ..methods import extra_layer_ids
 from ..online.servers import servers_per_gpu
 from ..runtime import disk
 from ..runtime.disk import ALLOW_KEY, GIB, bytes_under, disk_problem
@@ -160,8 +161,6 @@ def expected_rows(cfg: dict, run: Path) -> dict[str, Any]:
 
 def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
     """Everything the plan shows, as a JSON-able dict; ``problems`` lists the refusals."""
-    from ..methods import extra_layer_ids  # its package imports this module's users: late
-
     run = Path(run)
     problems: list[dict[str, str]] = []
     plan: dict[str, Any] = {"run": str(run), "problems": problems, "mode": cfg["extract"]["mode"]}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import extraction_server_gpus
 from ..hidden_states.disk import staged_sample_bytes
 
 MODES = ("stored", "online", "hybrid")
@@ -64,8 +65,6 @@ def mode_estimates(
     ``extract_estimate``/``train_estimate`` are the stored mode's stage estimates (extract:
     extract.jobs jobs over the rows once; train: the rows' epochs), ``load_s`` one model
     load, ``tokens`` the rows' tokens."""
-    from ..config import extraction_server_gpus  # (the config package imports the plan)
-
     x, train = cfg["extract"], cfg["train"]
     jobs = len(train["methods"])
     epochs = train["epochs"]

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import RESULT_KEYS
 from ..runtime.files import AppendLog, read_json, stable_hash
+from ..staleness.keys import RESULT_KEYS
 
 log = logging.getLogger(__name__)
 
