@@ -475,7 +475,7 @@ def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_jso
     the cause; a stage refuses it before starting a server."""
     from eagle3_pipeline import extract
     from eagle3_pipeline.engine.spec import spec_for_target
-    from eagle3_pipeline.synth import stage as synth
+    from eagle3_pipeline.synth import client as synth_client
     from eagle3_pipeline.target.stage import load_info
 
     target = load_info(target_json)  # the packaged SmolLM2-135M: 9 attention heads
@@ -488,7 +488,8 @@ def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_jso
         "that do: 1, 3, 9"
     )
     # the stages that start a server build its spec through this check
-    endpoint = synth.open_endpoints(cfg["synth"], cfg["vllm"], target, tmp_path / "server.log")
+    log = tmp_path / "server.log"
+    endpoint = synth_client.open_endpoints(cfg["synth"], cfg["vllm"], target, log)
     with pytest.raises(cfglib.ConfigError, match="does not divide"), endpoint:
         pass
     with pytest.raises(cfglib.ConfigError, match="does not divide"):

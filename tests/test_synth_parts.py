@@ -13,6 +13,7 @@ import pytest
 
 from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl, write_json, write_jsonl_zst
 from eagle3_pipeline.synth import answers
+from eagle3_pipeline.synth import client as synth_client
 from eagle3_pipeline.synth import stage as synth
 
 from conftest import default_config
@@ -287,16 +288,17 @@ def test_requests_spread_over_several_servers(tmp_path, vllm_server, monkeypatch
     cfg = parts_cfg(vllm_server.base_url, 1)["synth"]
     endpoints = [Endpoint(vllm_server.base_url, vllm_server.model_name) for _ in range(2)]
     used: Counter = Counter()
-    real_answer = synth.answer
+    real_answer = synth_client.answer
 
     async def counting(client, endpoint, prompt, cfg):
         used[next(i for i, e in enumerate(endpoints) if e is endpoint)] += 1
         return await real_answer(client, endpoint, prompt, cfg)
 
-    monkeypatch.setattr(synth, "answer", counting)
+    monkeypatch.setattr(synth_client, "answer", counting)
     ps = [prompt(i, f"Count to {i}.") for i in range(16)]
     journal = AppendLog(tmp_path / "journal.jsonl")
     journal.open()
-    outcome = asyncio.run(synth.generate(endpoints, ps, cfg, journal, Progress(len(ps), "t"), 2048))
+    asking = synth_client.generate(endpoints, ps, cfg, journal, Progress(len(ps), "t"), 2048)
+    outcome = asyncio.run(asking)
     journal.close()
     assert outcome["ok"] == 16 and set(used) == {0, 1} and min(used.values()) >= 4
