@@ -17,7 +17,6 @@ from ..errors import ConfigError
 from ..prompts.selection import HELDOUT_SET
 from ..prompts.sources import bench_set_spec, prompt_files
 from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS
-from ..staleness.params import result_config, sort_keys
 from .checks import (
     check_semantics,
     method_problems,
@@ -26,6 +25,7 @@ from .checks import (
     resolve_train_gpus,
     variant_problems,
 )
+from .params import result_config, sort_keys
 from .schema import SCHEMA_PATH, coerce_cli_strings, load_schema, problems_of
 from .values import (
     drafter_names,

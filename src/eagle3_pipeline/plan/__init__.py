@@ -7,7 +7,8 @@ tensor-parallel size, and per stage its jobs, GPUs, wall time, GPU-hours and hid
 bytes in both storages, from rates measured in benchmarks/results/ (estimates, :mod:`.stages`).
 A real run is refused before its first job when the disk or the GPUs cannot hold it
 (``plan.allow`` overrides); a dry run prints the same as warnings. What the user reads:
-:func:`.text.format_plan`.
+:func:`.text.format_plan`. After a failed run the workflow says what its long stages kept
+(:mod:`.kept`): the same command resumes from it.
 
 The extract and train jobs check their disk with the same code
 (:func:`eagle3_pipeline.runtime.disk.check_disk`), on the rows they really have. Role:

@@ -1,6 +1,6 @@
 """What makes a stage stale: per rule, the config keys whose value changes its output
-(:data:`RESULT_KEYS`, carried by its params: :func:`.params.result_config`) and the keys that
-change no rule's output (:data:`OPERATIONAL_KEYS`)."""
+(:data:`RESULT_KEYS`, carried by its params: :func:`eagle3_pipeline.config.result_config`) and
+the keys that change no rule's output (:data:`OPERATIONAL_KEYS`)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ ONLINE_EXTRACTION_KEYS = (
     "vllm.dtype",
 )
 # Config keys whose value changes a rule's output, per rule. A rule's params carry exactly these
-# (:func:`.params.result_config`), so a change of one re-runs that rule and everything
-# downstream of it. A prompts_bench job gets only its own set's entry of prompts.bench.
+# (config.result_config), so a change of one re-runs that rule and everything downstream of it.
+# A prompts_bench job gets only its own set's entry of prompts.bench.
 RESULT_KEYS: dict[str, tuple[str, ...]] = {
     "target": (
         "target.source",

@@ -1,6 +1,6 @@
 """A rule's params: the result-determining part of the config (:func:`result_config`, the keys
-of :data:`.keys.RESULT_KEYS`), in an order that does not depend on how the config was written
-(:func:`sort_keys`)."""
+of :data:`eagle3_pipeline.staleness.keys.RESULT_KEYS`), in an order that does not depend on how
+the config was written (:func:`sort_keys`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .. import methods
 from ..bench.gate import floors_for
 from ..bench.settings import bench_chat_template_kwargs, speculative_tokens
 from ..prompts.sources import bench_set_spec
-from .keys import ONLINE_EXTRACTION_KEYS, RESULT_KEYS
+from ..staleness.keys import ONLINE_EXTRACTION_KEYS, RESULT_KEYS
 
 
 def sort_keys(value: Any) -> Any:
