@@ -20,7 +20,6 @@ from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS
 from .checks import (
     check_semantics,
     method_problems,
-    moved_key_problems,
     notes,
     resolve_train_gpus,
     variant_problems,
@@ -65,7 +64,6 @@ __all__ = [
     "load_schema",
     "method_of",
     "method_problems",
-    "moved_key_problems",
     "notes",
     "online_server_gpus",
     "prompt_files",
@@ -117,7 +115,7 @@ def validate(config: dict) -> dict:
             own = {"train": {k: v for k, v in variant.items() if k != "method"}}
             variant.update(coerce_cli_strings(own, schema)["train"])
     errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    problems = moved_key_problems(config) or [
+    problems = [
         p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in problems_of(e)
     ]
     explicit_cpu_training = (config.get("train") or {}).get("gpus") == 0

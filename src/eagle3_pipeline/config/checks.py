@@ -19,25 +19,6 @@ from .schema import load_schema, problems_of
 from .values import server_gpus
 
 
-def moved_key_problems(config: dict) -> list[str]:
-    """A method's own key given where it was before it moved under ``train.<method>`` (in
-    ``train`` or a variant): named with its new place."""
-    train = config.get("train")
-    if not isinstance(train, dict):
-        return []
-    sections = {"train": train}
-    for name, variant in (train.get("variants") or {}).items():
-        if isinstance(variant, dict):
-            sections[f"train.variants.{name}"] = variant
-    return [
-        f"config key `{where}.{key}`: {where}.{key} moved to {where}.{m.name}.{key}"
-        for where, section in sections.items()
-        for m in methods.REGISTRY.values()
-        for key in m.moved_from_train
-        if key in section
-    ]
-
-
 def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
     """``train.gpus: auto`` becomes the tensor-parallel size on GPUs and 0 on the CPU, so a GPU
     target never trains on the CPU unnoticed; an explicit 0 beside vllm.device: cuda is a

@@ -80,13 +80,18 @@ def problems_of(error: jsonschema.ValidationError) -> list[str]:
     """One readable line per problem; an unknown key is named itself, with a suggestion."""
     if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
         return [f"config key `{_key(error)}`: {_describe(error)}"]
-    allowed = sorted(error.schema.get("properties", {}))
+    properties = error.schema.get("properties", {})
+    allowed = sorted(properties)
     where = _key(error)
     prefix = "" if where == "<top level>" else where + "."
     lines = []
     for extra in sorted(set(error.instance) - set(allowed)):
-        close = difflib.get_close_matches(str(extra), allowed, n=1)
-        guess = f" (did you mean `{prefix}{close[0]}`?)" if close else ""
+        # a key of this name one level down (a method's own key given in train itself), else
+        # the nearest name here
+        nested = [f"{k}.{extra}" for k in allowed if extra in properties[k].get("properties", {})]
+        close = nested or difflib.get_close_matches(str(extra), allowed, n=1)
+        names = " or ".join(f"`{prefix}{c}`" for c in close)
+        guess = f" (did you mean {names}?)" if close else ""
         scope = "at the top level" if not prefix else f"in `{where}`"
         lines.append(
             f"config key `{prefix}{extra}`: unknown key{guess}; allowed {scope}: "
