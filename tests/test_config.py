@@ -255,10 +255,10 @@ def test_bench_chat_template_kwargs_follow_synth_unless_set():
         assert params["bench"]["chat_template_kwargs"] == {"enable_thinking": True}
     off = cfglib.validate(set_key(thinking, "bench.chat_template_kwargs", {}))
     assert cfglib.bench_chat_template_kwargs(off) == {}
-    # none at all: the key stays out of the params (a default run keeps the params it had)
+    # none at all: empty in the params
     plain = cfglib.validate(default())
     assert (
-        "chat_template_kwargs" not in cfglib.result_config(plain, "bench", method="eagle3")["bench"]
+        cfglib.result_config(plain, "bench", method="eagle3")["bench"]["chat_template_kwargs"] == {}
     )
 
 
@@ -278,13 +278,13 @@ def test_bench_speculative_config_reaches_the_drafter_servers_and_their_params_o
     assert cfglib.result_config(cfg, "bench", method="eagle3")["bench"]["speculative_config"]
     assert "speculative_config" not in cfglib.result_config(cfg, "bench_baseline")["bench"]
     assert cache.measurement_settings(cfg["bench"], cfg["vllm"])["bench.speculative_config"]
-    # none: absent from the params and the cache key (a default run keeps what it had)
+    # none: empty in the params and the cache key
     plain = cfglib.validate(default())
     assert (
-        "speculative_config" not in cfglib.result_config(plain, "bench", method="eagle3")["bench"]
+        cfglib.result_config(plain, "bench", method="eagle3")["bench"]["speculative_config"] == {}
     )
-    assert "bench.speculative_config" not in cache.measurement_settings(
-        plain["bench"], plain["vllm"]
+    assert (
+        cache.measurement_settings(plain["bench"], plain["vllm"])["bench.speculative_config"] == {}
     )
     # the fields the pipeline sets are refused before any job starts
     with pytest.raises(cfglib.ConfigError, match="speculative_config"):

@@ -37,10 +37,6 @@ def measurement_settings(cfg: dict, vllm_cfg: dict, rule: str = "bench") -> dict
         if key not in NOT_MEASURED:
             section, name = key.split(".")
             out[key] = sections[section].get(name)
-    for key in ("bench.chat_template_kwargs", "bench.speculative_config"):
-        if not out.get(key):
-            # none: the key stays out, so entries measured before it existed still count
-            out.pop(key, None)
     out["bench.rounds"] = bench_rounds(cfg, vllm_cfg)
     return out
 

@@ -53,7 +53,7 @@ def result_config(
         out = {"train": sort_keys(copy.deepcopy(own))}
         if cfg["extract"]["mode"] != "stored":
             # the train job extracts its hidden states: extraction's result keys are its own
-            # (absent in stored mode, so a stored run keeps the params it had)
+            # (in stored mode they are the extract job's, and its manifest is train's input)
             for key in ONLINE_EXTRACTION_KEYS:
                 if key == "extract.layer_ids" and methods.layer_ids_of(own) is not None:
                     continue
@@ -71,28 +71,13 @@ def result_config(
         elif key == "bench.num_speculative_tokens":
             node[name] = speculative_tokens(cfg, method)
         elif key == "bench.chat_template_kwargs":
-            # resolved (null follows synth); absent when empty, so a config without template
-            # variables keeps the params it had
-            if bench_chat_template_kwargs(cfg):
-                node[name] = bench_chat_template_kwargs(cfg)
-        elif key == "synth.context":
-            # absent at its default (the prompt source's own turns), so a run from before the
-            # key keeps its params
-            if cfg["synth"]["context"] != "dataset":
-                node[name] = cfg["synth"]["context"]
+            node[name] = bench_chat_template_kwargs(cfg)  # resolved: null follows synth's
         elif key == "bench.gate":
-            # the floors that judge this drafter, absent when none (a run without a gate keeps
-            # its params)
-            if floors_for(cfg["bench"]["gate"], method):
-                node[name] = {"floors": copy.deepcopy(floors_for(cfg["bench"]["gate"], method))}
-        elif key == "bench.speculative_config":
-            # absent when empty, as chat_template_kwargs: older runs keep their params
-            if cfg["bench"]["speculative_config"]:
-                node[name] = copy.deepcopy(cfg["bench"]["speculative_config"])
+            # only the floors that judge this drafter: another drafter's re-judge nothing here
+            node[name] = {"floors": copy.deepcopy(floors_for(cfg["bench"]["gate"], method))}
         else:
             node[name] = copy.deepcopy(_lookup(cfg, key))
-    if rule == "extract" and methods.extra_layer_ids(cfg["train"]):
-        # layers a method asks for beyond extract.layer_ids (absent when there are none, so
-        # the default config's extraction params are what they were)
+    if rule == "extract":
+        # the layers a method asks for beyond extract.layer_ids: extraction captures them too
         out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
     return out
