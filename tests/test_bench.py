@@ -15,6 +15,7 @@ from eagle3_pipeline.bench import measure, stage
 from eagle3_pipeline.bench import verdict as bench_verdict
 from eagle3_pipeline.methods import consistency
 from eagle3_pipeline.runtime.files import write_json
+from eagle3_pipeline.runtime.results import BENCH_BASELINE, TRAIN_METRICS, format_tag
 
 POS = measure.PER_POS
 
@@ -609,7 +610,7 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     manifest = tmp_path / "manifest.json"
     write_json(manifest, trained["manifest"])
     train_metrics = tmp_path / "metrics.json"
-    write_json(train_metrics, {"epochs": []})
+    write_json(train_metrics, {"format": format_tag(TRAIN_METRICS), "epochs": []})
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
@@ -618,7 +619,7 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4, "pairing": "separate"})
     cfg["vllm"]["startup_timeout_s"] = 600
     baseline = tmp_path / "baseline.json"
-    write_json(baseline, {"sets": {}})
+    write_json(baseline, {"format": format_tag(BENCH_BASELINE), "sets": {}})
     with pytest.raises(
         bench.BenchError, match="vLLM failed to start the server with the eagle3 drafter"
     ) as err:

@@ -15,6 +15,7 @@ from eagle3_pipeline.hidden_states import shards
 from eagle3_pipeline.hidden_states.disk import sample_bytes
 from eagle3_pipeline.runtime import disk
 from eagle3_pipeline.runtime.files import write_json
+from eagle3_pipeline.runtime.results import EXTRACT_PART, format_tag
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +193,7 @@ def test_gather_checks_parts_agree_and_cover_all(tmp_path):
             },
         }
         m.update(kw)
-        write_json(tmp_path / f"part_{k}.json", m)
+        write_json(tmp_path / f"part_{k}.json", {"format": format_tag(EXTRACT_PART), **m})
         return tmp_path / f"part_{k}.json"
 
     cfg = {"storage": "bf16"}

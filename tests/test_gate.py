@@ -17,6 +17,7 @@ from eagle3_pipeline import bench
 from eagle3_pipeline.bench import gate, stage
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_pipeline.runtime.results import TRAIN_METRICS, format_tag
 
 from conftest import CI_CONFIG, default_config
 
@@ -204,7 +205,7 @@ def trained_drafter(resumed_run, fixture_data, tmp_path_factory):
     manifest = d / "manifest.json"
     shutil.copy(fixture_data["manifest"], manifest)
     train_metrics = d / "metrics.json"
-    write_json(train_metrics, {"epochs": []})
+    write_json(train_metrics, {"format": format_tag(TRAIN_METRICS), "epochs": []})
     return {
         "dir": Path(resumed_run["kwargs"]["drafter_dir"]),
         "manifest": manifest,

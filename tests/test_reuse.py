@@ -14,6 +14,7 @@ from eagle3_pipeline import bench, extract
 from eagle3_pipeline.bench import cache, measure, stage
 from eagle3_pipeline.hidden_states import shards
 from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_pipeline.runtime.results import EXTRACT_PART, HIDDEN_STATES, TRAIN_METRICS, format_tag
 from eagle3_pipeline.synth import answers
 
 from conftest import default_config
@@ -176,7 +177,7 @@ def test_gather_frees_samples_no_row_uses(tmp_path):
             "reference": None,
         },
     }
-    write_json(tmp_path / "parts" / "part_0.json", part)
+    write_json(tmp_path / "parts" / "part_0.json", {"format": format_tag(EXTRACT_PART), **part})
     extract.gather([tmp_path / "parts" / "part_0.json"], tmp_path / "manifest.json", {})
     assert not (tmp_path / extract.REUSE).exists()
 
@@ -273,8 +274,9 @@ def bench_inputs(tmp_path, monkeypatch, target_json):
         lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
     )
     write_json(tmp_path / "target.json", {**read_json(target_json), "identity": "t"})
-    write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
-    write_json(tmp_path / "metrics.json", {"epochs": []})
+    manifest = {"format": format_tag(HIDDEN_STATES), "aux_layer_ids": [1]}
+    write_json(tmp_path / "manifest.json", manifest)
+    write_json(tmp_path / "metrics.json", {"format": format_tag(TRAIN_METRICS), "epochs": []})
     drafter = tmp_path / "drafter"
     drafter.mkdir()
     write_json(drafter / "config.json", {})

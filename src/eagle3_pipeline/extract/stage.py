@@ -16,6 +16,7 @@ from ..runtime import Progress
 from ..runtime.disk import check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.provenance import provenance
+from ..runtime.results import EXTRACT_PART, format_tag, read_result
 from ..server import VllmServer
 from ..target.stage import load_info
 from .book import REUSE, ShardBook, reset_layout, shard_entries
@@ -135,6 +136,7 @@ def run_part(
     enforce(verification, cfg)
     tokens_this_run = sum(seq_lens[i] for i in todo)
     manifest = {
+        "format": format_tag(EXTRACT_PART),
         "part": part,
         "jobs": jobs,
         "samples": [rows.start, rows.stop],
@@ -240,7 +242,9 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
     """Merge part manifests; check they agree and cover every sample exactly once."""
     # Each manifest stays paired with its own file: sorted by part number, not by path text
     # (as text, part_10.json sorts before part_2.json).
-    paired = sorted(((read_json(p), p) for p in parts), key=lambda mp: mp[0]["part"])
+    paired = sorted(
+        ((read_result(p, EXTRACT_PART), p) for p in parts), key=lambda mp: mp[0]["part"]
+    )
     ms = [m for m, _ in paired]
     first = ms[0]
     for key in ("layer_ids", "storage", "hidden_size", "samples_per_shard", "root"):

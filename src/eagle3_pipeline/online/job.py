@@ -18,12 +18,10 @@ from ..hidden_states.disk import sample_bytes, staged_sample_bytes
 from ..runtime.disk import bytes_under, check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.gpus import visible_devices
+from ..runtime.results import ONLINE_MANIFEST, format_tag
 from . import servers, spec
 
 log = logging.getLogger(__name__)
-
-# What the train job's own record of its hidden states says instead of a manifest's format
-MANIFEST_FORMAT = "eagle3-pipeline/online-manifest@1"
 
 
 def online_manifest(
@@ -37,7 +35,7 @@ def online_manifest(
 
     layers = servers.served_layers(target, extract_cfg, own_layers)
     return {
-        "format": MANIFEST_FORMAT,
+        "format": format_tag(ONLINE_MANIFEST),
         "mode": extract_cfg["mode"],
         "capture": capture_fingerprint(target, layers["layer_ids"], extract_cfg, vllm_cfg),
         "num_samples": len(load_from_disk(str(dataset_dir))),

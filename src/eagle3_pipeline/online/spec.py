@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.files import AppendLog, write_json
+from ..runtime.results import ONLINE_SPEC, format_tag
 
 SPEC_FILE = "online.json"  # in the hidden-states path the backend is given
-SPEC_FORMAT = "eagle3-pipeline/online-hidden-states@1"
 
 
 def write_spec(
@@ -34,7 +34,7 @@ def write_spec(
 ) -> dict:
     """The spec the training process's backend reads (:data:`SPEC_FILE`): plain values."""
     spec = {
-        "format": SPEC_FORMAT,
+        "format": format_tag(ONLINE_SPEC),
         "endpoints": endpoints,
         "model_path": model_path,
         "arch": arch,

@@ -48,9 +48,10 @@ from ..extract.validator import check_staged
 from ..hidden_states import mooncake, shards
 from ..hidden_states.checks import NextTokenProbe, VerificationError
 from ..hidden_states.dataset import layer_columns, training_sample
-from ..runtime.files import AppendLog, atomic_path, read_json
+from ..runtime.files import AppendLog, atomic_path
+from ..runtime.results import ONLINE_SPEC, read_result
 from ..server import client as client_lib
-from .spec import SPEC_FILE, SPEC_FORMAT
+from .spec import SPEC_FILE
 
 BACKEND_NAME = "eagle3-pipeline-online"
 # A process checks the next-token agreement of what it has probed once it has this many
@@ -272,9 +273,7 @@ class OnlineBackend(HiddenStatesBackend):
         root = getattr(args, "hidden_states_path", None)
         if not root:
             raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
-        spec = read_json(Path(root) / SPEC_FILE)
-        if spec.get("format") != SPEC_FORMAT:
-            raise ValueError(f"{root}/{SPEC_FILE}: format {spec.get('format')!r}")
+        spec = read_result(Path(root) / SPEC_FILE, ONLINE_SPEC)
         dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
         aux = getattr(args, "target_layer_ids", None) or spec["layer_ids"][:-1]
         return OnlineTransfer(

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime import Progress
-from ..runtime.files import read_json, write_json
+from ..runtime.files import write_json
 from ..runtime.provenance import provenance
+from ..runtime.results import SYNTH_PART, format_tag, read_result
 from ..server import ServerError
 from ..target.stage import load_info
 from .answers import (
@@ -178,6 +179,7 @@ def run_part(
     status, errors = answer_counts(last, mine, skipped)
     check_failed_fraction(status, errors, len(mine), cfg, f"prompts of part {part}")
     manifest = {
+        "format": format_tag(SYNTH_PART),
         "part": part,
         "parts": parts,
         "prompts": len(mine),
@@ -218,7 +220,7 @@ def gather(
     target = load_info(target_json)
     prompts = read_prompts(prompts_path)
     store = AnswerStore(work_dir, fingerprint(target, cfg, vllm_cfg))
-    parts = [read_json(p) for p in part_manifests]
+    parts = [read_result(p, SYNTH_PART) for p in part_manifests]
     stale = [p["part"] for p in parts if p.get("fingerprint") != store.fingerprint]
     if stale or {p["parts"] for p in parts} != {len(parts)}:
         raise SynthError(
