@@ -243,7 +243,7 @@ def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
         mode="hybrid",
         transport="mooncake",
         hybrid_disk_gib=half / 2**30,
-        mooncake={"segment_mib": 64, "buffer_mib": 16},
+        mooncake={"segment_mib": 64},
     )
     with files_appearing(tmp_path / "train_work/online/staging") as seen:
         caplog.set_level("INFO", logger="eagle3_pipeline.online.job")
@@ -278,7 +278,7 @@ def test_servers_elsewhere_hand_their_samples_over_through_the_store(
     target = load_info(target_json)
     staging = tmp_path / "elsewhere/staging"
     with mooncake.running_master(str(tmp_path / "master.log")) as master:
-        moon = {"master": master, "segment_mib": 64, "buffer_mib": 16}
+        moon = {"master": master, "segment_mib": 64}
         cfg = extract_config(mode="online", transport="mooncake", mooncake=moon)
         layers = online_servers.served_layers(target, cfg["extract"], None)["layer_ids"]
         spec = extract.server_spec(cfg["vllm"], target, layers, staging, cfg["extract"])

@@ -342,7 +342,7 @@ def test_a_sample_goes_through_a_store_once_and_a_missing_one_names_its_server(
     from eagle3_pipeline.hidden_states import mooncake
 
     with mooncake.running_master(str(tmp_path / "master.log")) as master:
-        cfg = {"master": master, "buffer_mib": 16}
+        cfg = {"master": master}
         server, trainer = mooncake.open_store(cfg, 64 * mooncake.MIB), mooncake.open_store(cfg, 0)
         key = str(tmp_path / "staging/server_0/req-1.safetensors")
         data = bytes(range(256)) * 4096

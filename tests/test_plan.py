@@ -341,12 +341,12 @@ def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
 
 
 def test_a_too_small_disk_stops_a_real_run_before_synth(kimi, tmp_path):
-    # a margin no disk meets, whatever this machine has free
+    # more prompts than any disk holds the hidden states of, whatever this machine has free
     proc = dry_run(
         tmp_path,
         "kimi-k2.5.yaml",
         f"target={{path: {kimi}}}",
-        "extract={disk_margin: 1000000}",
+        "prompts={train: [{source: sharegpt, n: 1000000000}]}",
         real=True,
         check=False,
     )

@@ -188,7 +188,7 @@ def test_gather_frees_samples_no_row_uses(tmp_path):
 def test_bench_fingerprint_covers_what_a_measurement_depends_on(tmp_path):
     cfg = default_config()
     settings = cache.measurement_settings(cfg["bench"], cfg["vllm"])
-    assert "bench.prompt_sets" not in settings and "bench.min_acceptance_length" not in settings
+    assert "bench.prompt_sets" not in settings and "bench.gate" not in settings
     assert settings["bench.max_tokens"] == cfg["bench"]["max_tokens"]
     # rounds as they run on this device (auto: 1 on the CPU), and how they pair
     assert settings["bench.rounds"] == 1 and settings["bench.pairing"] == "alternate"
@@ -333,8 +333,9 @@ def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     files["one"].write_text(json.dumps({"id": "one-edited", "messages": [user("one")]}) + "\n")
     run(["one", "two"], **sep)  # an edited set is measured again, alone
     assert asked[-2:] == [("baseline", ["one"]), ("drafter", ["one"])]
-    _, judged = run(["one", "two"], min_acceptance_length=2.0, **sep)  # a threshold re-judges
-    assert len(asked) == 6 and not judged["verdict"]["ok"]
+    floor = {"prompt_set": "one", "acceptance_length": 1.0}
+    _, judged = run(["one", "two"], gate={"floors": [floor]}, **sep)  # a floor re-judges
+    assert len(asked) == 6 and judged["gate"]["passed"]
     run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # another k: only it, baseline stays
     assert asked[6:] == [("drafter", ["one", "two"])]  # one server, for k = 2 (3 is cached)
     run(["one", "two"], max_tokens=7, **sep)  # a measurement setting: everything again

@@ -16,14 +16,8 @@ from .measure import bench_rounds
 log = logging.getLogger(__name__)
 
 # Result-determining keys (config.RESULT_KEYS) that do not change a measurement: the sets to
-# report, the verdict's thresholds and the gate's floors. A change re-runs the job, which
-# re-judges cached results.
-NOT_MEASURED = (
-    "bench.prompt_sets",
-    "bench.min_acceptance_length",
-    "bench.min_measured_to_predicted",
-    "bench.gate",
-)
+# report and the gate's floors. A change re-runs the job, which re-judges cached results.
+NOT_MEASURED = ("bench.prompt_sets", "bench.gate")
 # Bump when what a cache entry holds changes: older entries are then measured again.
 CACHE_FORMAT = 4
 

@@ -437,7 +437,7 @@ def run(
     cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
     # in float32 speculative decoding at T = 0 must give the target's own tokens
     exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
-    verdict = judge(runs, cfg, cpu_sampling_fix, exact_outputs=exact)
+    verdict = judge(runs, cpu_sampling_fix, exact_outputs=exact)
     gate_path = Path(metrics_out).with_name(gate_lib.GATE_FILE)
     gate = gate_lib.judge(runs, gate_lib.floors_for(cfg.get("gate") or {}, name), gate_path)
     shorter = own.serve_notes(check["drafter"], ks)

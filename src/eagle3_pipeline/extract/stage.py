@@ -13,7 +13,7 @@ from ..hidden_states import shards
 from ..hidden_states.checks import NextTokenProbe, model_fits, reference_errors
 from ..hidden_states.disk import sample_bytes
 from ..runtime import Progress
-from ..runtime.disk import check_disk
+from ..runtime.disk import DISK_MARGIN, check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.provenance import provenance
 from ..runtime.results import EXTRACT_PART, format_tag, read_result
@@ -24,6 +24,12 @@ from .capture import ExtractError, capture_fingerprint, resolve_layers, row_key,
 from .client import Extractor
 
 log = logging.getLogger(__name__)
+
+# The reference forward (extract.reference_forward): the first rows of a part compared with a
+# transformers forward of the target, and the largest relative error per layer that passes
+# (bf16 storage rounds to about 0.004; a sample of another model or layer is off by far more).
+REFERENCE_ROWS = 2
+MAX_REFERENCE_REL_ERROR = 0.05
 
 
 def run_part(
@@ -86,7 +92,7 @@ def run_part(
             sample_bytes(seq_lens[i], len(layer_ids), arch["hidden_size"], cfg["storage"])
             for i in todo
         ),
-        cfg["disk_margin"],
+        DISK_MARGIN,
         allow=allow_low_disk,
     )
     staging = root / ".staging" / f"part_{part}"
@@ -189,7 +195,7 @@ def maybe_reference(
             "skipped": f"reference_forward={mode}"
             + ("" if mode == "never" else " and the model does not fit in memory")
         }
-    checked = list(rows)[: cfg["reference_rows"]]
+    checked = list(rows)[:REFERENCE_ROWS]
     key = stable_hash(
         {
             "capture": capture,
@@ -227,14 +233,12 @@ def enforce(v: dict, cfg: dict) -> None:
             "layers. Do not train on them."
         )
     ref = v["reference"] or {}
-    if (
-        ref.get("max_rel_error") is not None
-        and ref["max_rel_error"] > cfg["max_reference_rel_error"]
-    ):
+    if ref.get("max_rel_error") is not None and ref["max_rel_error"] > MAX_REFERENCE_REL_ERROR:
         raise ExtractError(
             f"hidden states differ from a transformers forward by "
-            f"{ref['max_rel_error']:.3g} (per layer: "
-            f"{ref['max_rel_error_per_layer']}) > extract.max_reference_rel_error"
+            f"{ref['max_rel_error']:.3g} (per layer: {ref['max_rel_error_per_layer']}) > "
+            f"{MAX_REFERENCE_REL_ERROR}: not the target's own (another model, a wrong dtype or "
+            "layers), or a forward that went wrong"
         )
 
 

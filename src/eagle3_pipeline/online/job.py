@@ -15,7 +15,7 @@ from typing import Any
 from ..extract.capture import capture_fingerprint
 from ..extract.stage import enforce as enforce_extraction
 from ..hidden_states.disk import sample_bytes, staged_sample_bytes
-from ..runtime.disk import bytes_under, check_disk
+from ..runtime.disk import DISK_MARGIN, bytes_under, check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.gpus import visible_devices
 from ..runtime.results import ONLINE_MANIFEST, format_tag
@@ -114,7 +114,7 @@ def start_online(
         x, max(one, default=0)
     )
     to_keep = sum(one[:kept]) - bytes_under(cache / "shards")
-    check_disk(root, max(to_keep, 0) + in_flight, x["disk_margin"], allow=cfg["allow_low_disk"])
+    check_disk(root, max(to_keep, 0) + in_flight, DISK_MARGIN, allow=cfg["allow_low_disk"])
     log.info(
         "hidden states %s: %d of %d rows kept on disk (%.2f GiB), the others generated every "
         "epoch and deleted once loaded",

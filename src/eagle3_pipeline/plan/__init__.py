@@ -31,7 +31,7 @@ from ..hidden_states.layers import LayerIdError, resolve_layers
 from ..methods import extra_layer_ids
 from ..online.servers import servers_per_gpu
 from ..runtime import disk
-from ..runtime.disk import ALLOW_KEY, GIB, bytes_under, disk_problem
+from ..runtime.disk import ALLOW_KEY, DISK_MARGIN, GIB, bytes_under, disk_problem
 from ..runtime.gpus import nvidia_smi_rows
 from . import model_shape
 from .modes import mode_estimates
@@ -238,11 +238,11 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
             "bytes_by_storage": by_storage,
             "free_bytes": free,
             "free_at": str(on),
-            "margin": x["disk_margin"],
+            "margin": DISK_MARGIN,
             "how": rows["how"],
         }
         if not online:
-            problem = disk_problem(max(total - stored, 0), free, x["disk_margin"], on)
+            problem = disk_problem(max(total - stored, 0), free, DISK_MARGIN, on)
             if problem:
                 problems.append({"check": "disk", "message": problem})
     if v["device"] == "cuda":
@@ -296,7 +296,7 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
                 "lower extract.hybrid_disk_gib (hybrid keeps that much per train job) or "
                 "train.num_workers (a sample on the disk per request in flight)"
             )
-            problem = disk_problem(max(high_water - stored, 0), free, x["disk_margin"], on, remedy)
+            problem = disk_problem(max(high_water - stored, 0), free, DISK_MARGIN, on, remedy)
             if problem:
                 problems.append({"check": "disk", "message": problem})
     plan["stages"] = stages

@@ -14,6 +14,9 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 # The config key that lets a run proceed past a failed check of the plan's
 ALLOW_KEY = "plan.allow"
+# Free disk must exceed what a run will write by this factor: logs, the checkpoints, the
+# datasets and the estimate's error live there too
+DISK_MARGIN = 1.2
 
 
 class DiskBudgetError(RuntimeError):
