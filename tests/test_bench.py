@@ -706,15 +706,15 @@ def test_requests_carry_the_chat_template_kwargs_of_the_bench_config():
     )
 
 
-def test_the_cache_key_of_a_run_without_template_kwargs_is_unchanged():
+def test_the_template_variables_are_part_of_the_cache_key():
     from eagle3_pipeline.bench import cache
     from eagle3_pipeline.config import validate
 
     cfg = validate({})
     none = cache.measurement_settings(cfg["bench"], cfg["vllm"])
-    assert "bench.chat_template_kwargs" not in none
     with_kwargs = dict(cfg["bench"], chat_template_kwargs={"enable_thinking": True})
-    assert cache.measurement_settings(with_kwargs, cfg["vllm"])["bench.chat_template_kwargs"]
+    thinking = cache.measurement_settings(with_kwargs, cfg["vllm"])
+    assert thinking["bench.chat_template_kwargs"] == {"enable_thinking": True} != none
 
 
 def test_validation_predicts_tau_at_t0_only():

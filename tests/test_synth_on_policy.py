@@ -315,12 +315,11 @@ def test_a_part_holds_whole_conversations_and_resumes_where_it_stopped():
 # ---- the config key --------------------------------------------------------------------------
 
 
-def test_the_context_is_a_result_key_of_synth_absent_at_its_default():
+def test_the_context_is_a_result_key_of_synth():
     plain = cfglib.validate(default_config())
     assert plain["synth"]["context"] == "dataset"
-    # a run from before the key keeps its params: nothing re-runs for it
     for rule in ("synth", "synth_gather"):
-        assert "context" not in cfglib.result_config(plain, rule)["synth"]
+        assert cfglib.result_config(plain, rule)["synth"]["context"] == "dataset"
     mine = default_config(synth={"context": "on_policy"})
     for rule in ("synth", "synth_gather"):
         assert cfglib.result_config(mine, rule)["synth"]["context"] == "on_policy"
