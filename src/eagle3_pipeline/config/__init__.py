@@ -13,9 +13,9 @@ import yaml
 
 from .. import methods
 from ..bench.settings import bench_chat_template_kwargs, bench_sets, speculative_tokens
-from ..errors import ConfigError
 from ..prompts.selection import HELDOUT_SET
 from ..prompts.sources import bench_set_spec, prompt_files
+from ..runtime.errors import ConfigError
 from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS
 from .checks import (
     check_semantics,

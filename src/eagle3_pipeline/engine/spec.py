@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 
 
 def served_dtype(device: str, dtype: str) -> str:
