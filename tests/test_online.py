@@ -246,7 +246,7 @@ def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
         mooncake={"segment_mib": 64},
     )
     with files_appearing(tmp_path / "train_work/online/staging") as seen:
-        caplog.set_level("INFO", logger="eagle3_pipeline.online.job")
+        caplog.set_level("INFO", logger="eagle3_pipeline.online")
         m = train.run(**run_kwargs(tmp_path, target_json, data, cfg))
     assert not seen, sorted(seen)[:5]
     assert "Mooncake store: master 127.0.0.1:" in caplog.text
