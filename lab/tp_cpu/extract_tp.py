@@ -31,7 +31,6 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--out", required=True)
     ap.add_argument("--concurrency", type=int, default=None)
-    ap.add_argument("--reference-rows", type=int, default=None)
     ap.add_argument(
         "--server-arg", action="append", default=[], help="extra vLLM server argument (repeat)"
     )
@@ -59,8 +58,6 @@ def main() -> int:
     ecfg = dict(cfg["extract"])
     if args.concurrency:
         ecfg["concurrency"] = args.concurrency
-    if args.reference_rows is not None:
-        ecfg["reference_rows"] = args.reference_rows
     ecfg["server_args"] = list(ecfg["server_args"]) + args.server_arg
     vllm_cfg = dict(cfg["vllm"], tensor_parallel_size=args.tp)
 

@@ -18,6 +18,7 @@ from typing import Any
 from ..engine import serve_probe
 from ..hidden_states.shards import dequantize, sample_path
 from ..runtime.files import read_json, stable_hash, write_json
+from ..server.client import sync_client
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,6 @@ def pick_sample(manifest: dict[str, Any], max_tokens: int) -> tuple[int, dict[st
 
 def _ask(base_url: str, model: str, token_ids: list[int], timeout: float) -> None:
     import httpx
-
-    from ..server.client import sync_client
 
     client = sync_client(base_url, timeout=timeout, max_retries=0)
     body = {"model": model, "prompt": token_ids, "max_tokens": PROBE_MAX_TOKENS, "temperature": 0}

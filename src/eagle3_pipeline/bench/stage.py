@@ -25,7 +25,8 @@ from ..engine import cpu_fixes as vllm_cpu_fixes
 from ..engine.spec import seeded_sampling_args, served_dtype, spec_for_target
 from ..methods import consistency, predicted_acceptance_length
 from ..prompts.selection import context_tokens
-from ..runtime.files import read_json, sha256_file, write_json
+from ..runtime import results
+from ..runtime.files import sha256_file, write_json
 from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
 from ..stats import median
@@ -203,6 +204,7 @@ def run_baseline(
 
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     baseline = {
+        "format": results.format_tag(results.BENCH_BASELINE),
         "sets": {
             name: {"prompts_sha256": sha256_file(prompt_files[name]), "runs": runs}
             for name, runs in by_set.items()
@@ -311,9 +313,11 @@ def run(
     train.methods, a method or a variant; default: the method) labels its rows."""
     target = load_info(target_json)
     # the extraction's manifest; online/hybrid (none) what the train job extracted itself
-    manifest = read_json(manifest_path or train_metrics)
-    if not manifest_path:
-        manifest = manifest["hidden_states"]
+    trained = results.read_result(train_metrics, results.TRAIN_METRICS)
+    if manifest_path:
+        manifest = results.read_result(manifest_path, results.HIDDEN_STATES)
+    else:
+        manifest = trained["hidden_states"]
     drafter_dir = str(Path(drafter_dir).resolve())
     check = consistency.check(drafter_dir, manifest, target)
     if not check["ok"]:
@@ -335,7 +339,7 @@ def run(
     if not paired and baseline_json is None:
         raise BenchError("bench.pairing: separate needs the baseline's measurements")
     rounds = bench_rounds(cfg, vllm_cfg)
-    prediction = read_json(train_metrics).get("prediction") or {}
+    prediction = trained.get("prediction") or {}
     name = name or method
     t0 = time.monotonic()
 
@@ -406,7 +410,7 @@ def run(
 
     key = drafter_key(drafter_dir, target, cfg, vllm_cfg)
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
-    shared = None if paired else read_json(baseline_json)
+    shared = None if paired else results.read_result(baseline_json, results.BENCH_BASELINE)
     order = {
         "k": ks,
         "temperature": cfg["temperatures"],
@@ -433,13 +437,14 @@ def run(
     cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
     # in float32 speculative decoding at T = 0 must give the target's own tokens
     exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
-    verdict = judge(runs, cfg, cpu_sampling_fix, exact_outputs=exact)
+    verdict = judge(runs, cpu_sampling_fix, exact_outputs=exact)
     gate_path = Path(metrics_out).with_name(gate_lib.GATE_FILE)
     gate = gate_lib.judge(runs, gate_lib.floors_for(cfg.get("gate") or {}, name), gate_path)
     shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
     metrics = {
+        "format": results.format_tag(results.BENCH_METRICS),
         "method": name,
         "speculators_method": method,
         "pairing": cfg["pairing"],

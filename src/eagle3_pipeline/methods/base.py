@@ -69,8 +69,6 @@ class Method:
     own_keys: tuple[str, ...] = ()
     # own keys that, when set (not null), replace the shared train.<key> of the same name
     overrides: tuple[str, ...] = ()
-    # keys that were at train.* before they moved under train.<name> (refused with a message)
-    moved_from_train: tuple[str, ...] = ()
     # own keys whose value may be `auto`: (CPU value, GPU value)
     auto: ClassVar[dict[str, tuple[Any, Any]]] = {}
     # where the drafter's config.json keeps the aux layer ids vLLM captures from the target

@@ -57,11 +57,6 @@ def served_windows(layer_cfg: dict[str, Any], target_window: int | None) -> list
     ]
 
 
-def drafter_method(drafter_dir: str | Path) -> str | None:
-    """The drafter's method (``speculators_model_type``, a name of :mod:`.methods`)."""
-    return read_json(Path(drafter_dir) / "config.json").get("speculators_model_type")
-
-
 def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
     """What vLLM reads from the drafter checkpoint (config.json, d2t/t2d in the weights)."""
     from safetensors import safe_open

@@ -5,7 +5,8 @@ and side-by-side tables, training, consistency, and every stage's figures
 from __future__ import annotations
 
 from .. import methods
-from ..config import HELDOUT_SET
+from ..bench.verdict import best_val
+from ..prompts.selection import HELDOUT_SET
 from .cells import fmt as _fmt
 from .consistency import consistency as _consistency
 
@@ -187,8 +188,6 @@ def _side_by_side(methods: dict[str, dict]) -> list:
 
 def _training(name: str, train: dict) -> list:
     """Drafter ``name``'s training (a method's or a variant's: its metrics say which method)."""
-    from ..bench.verdict import best_val
-
     own = methods.get(train.get("method"))
     val = best_val(train)
     tp = train.get("throughput") or {}

@@ -1,17 +1,18 @@
-"""Extraction on demand, inside training (``extract.mode`` online and hybrid): the backend the
-training process reads its hidden states through.
+"""The training process's side of online and hybrid mode: the backend it reads its hidden
+states through.
 
 Training reads hidden states through a registered ``hs_connectors`` backend
 (:data:`BACKEND_NAME`). Where the stored mode's backend reads a sample file written by the
 extract jobs, this one asks an extraction server for the sample when speculators' dataset
-wants it: the same request as the extract job (:func:`.client.request_hidden_states`), the same
-checks on what comes back (:func:`.validator.check_staged`: shapes, token ids, NaN/Inf,
+wants it: the same request as the extract job
+(:func:`eagle3_pipeline.extract.client.request_hidden_states`), the same checks on what comes
+back (:func:`eagle3_pipeline.extract.validator.check_staged`: shapes, token ids, NaN/Inf,
 all-zero rows; the next-token probe at up to ``extract.agreement_positions_per_sample``
 completion positions), then the file is deleted, or, in hybrid mode for the first
-:func:`.online.kept_rows` rows, moved into a cache of this train job and read from there in later
+:func:`.job.kept_rows` rows, moved into a cache of this train job and read from there in later
 epochs. A sample that fails its checks fails training, as it fails the extract job; the
 agreement is enforced on what each process has probed and, by the train stage, over the whole
-training (:func:`.online.served_summary`).
+training (:func:`.spec.served_summary`).
 
 speculators' own ``--on-missing generate`` is not used: it hands the backend only the
 server's answer (``get_generated``), not the row, so the probe (which needs the row's loss
@@ -41,15 +42,16 @@ from typing import Any
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from hs_connectors.transfer import _add_argument_if_absent
 
+from ..extract.capture import ExtractError
+from ..extract.client import request_hidden_states
+from ..extract.validator import check_staged
 from ..hidden_states import mooncake, shards
 from ..hidden_states.checks import NextTokenProbe, VerificationError
 from ..hidden_states.dataset import layer_columns, training_sample
-from ..runtime.files import AppendLog, atomic_path, read_json
+from ..runtime.files import AppendLog, atomic_path
+from ..runtime.results import ONLINE_SPEC, read_result
 from ..server import client as client_lib
-from .capture import ExtractError
-from .client import request_hidden_states
-from .online import SPEC_FILE, SPEC_FORMAT
-from .validator import check_staged
+from .spec import SPEC_FILE
 
 BACKEND_NAME = "eagle3-pipeline-online"
 # A process checks the next-token agreement of what it has probed once it has this many
@@ -271,9 +273,7 @@ class OnlineBackend(HiddenStatesBackend):
         root = getattr(args, "hidden_states_path", None)
         if not root:
             raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
-        spec = read_json(Path(root) / SPEC_FILE)
-        if spec.get("format") != SPEC_FORMAT:
-            raise ValueError(f"{root}/{SPEC_FILE}: format {spec.get('format')!r}")
+        spec = read_result(Path(root) / SPEC_FILE, ONLINE_SPEC)
         dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
         aux = getattr(args, "target_layer_ids", None) or spec["layer_ids"][:-1]
         return OnlineTransfer(

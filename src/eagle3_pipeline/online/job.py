@@ -2,24 +2,24 @@
 are (:func:`online_manifest`, in place of the extract stage's manifest), what it starts before
 each launch of the training process (:func:`start_online`: the hybrid cache, the disk check,
 the extraction servers, the spec the training process reads) and what it checks afterwards
-(:func:`online_verification`). The server side and the training process's backend:
-:mod:`eagle3_pipeline.extract.online`, :mod:`eagle3_pipeline.extract.online_transfer`.
-"""
+(:func:`online_verification`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
-from ..extract import online
-from ..extract.capture import ExtractError, capture_fingerprint
+from ..extract.capture import capture_fingerprint
 from ..extract.stage import enforce as enforce_extraction
-from ..hidden_states import mooncake
-from ..plan import bytes_under, check_disk, sample_bytes, staged_sample_bytes
+from ..hidden_states.disk import sample_bytes, staged_sample_bytes
+from ..runtime.disk import DISK_MARGIN, bytes_under, check_disk
+from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.gpus import visible_devices
-from .errors import TrainError
+from ..runtime.results import ONLINE_MANIFEST, format_tag
+from . import servers, spec
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,9 @@ def online_manifest(
     sample holds (the training fingerprint's key, in place of the stored samples' hash)."""
     from datasets import load_from_disk
 
-    layers = online.served_layers(target, extract_cfg, own_layers)
+    layers = servers.served_layers(target, extract_cfg, own_layers)
     return {
-        "format": online.MANIFEST_FORMAT,
+        "format": format_tag(ONLINE_MANIFEST),
         "mode": extract_cfg["mode"],
         "capture": capture_fingerprint(target, layers["layer_ids"], extract_cfg, vllm_cfg),
         "num_samples": len(load_from_disk(str(dataset_dir))),
@@ -44,6 +44,42 @@ def online_manifest(
         "hidden_size": target["architecture"]["hidden_size"],
         "storage": extract_cfg["storage"],
     }
+
+
+def kept_rows(
+    seq_lens: list[int], num_layers: int, hidden: int, storage: str, budget_gib: float | None
+) -> int:
+    """Hybrid mode: how many leading rows keep their samples on disk within ``budget_gib``
+    (None: all). The rows are prepare's shuffled order, so the kept ones are a random subset;
+    the choice is a function of the row index alone, so every process and DataLoader worker
+    makes it alike with nothing to share, and a resume makes it again."""
+    if budget_gib is None:
+        return len(seq_lens)
+    budget, used = budget_gib * 2**30, 0
+    for i, n in enumerate(seq_lens):
+        used += sample_bytes(n, num_layers, hidden, storage)
+        if used > budget:
+            return i
+    return len(seq_lens)
+
+
+def capture_key(capture: str, dataset_digest: str) -> str:
+    """What the hybrid cache's samples were made for: the capture and the rows."""
+    return stable_hash({"capture": capture, "dataset": dataset_digest})
+
+
+def reset_cache(cache: Path, key: str, kept: int, samples_per_shard: int) -> None:
+    """Keep the hybrid cache's samples only if they were made for ``key`` (the capture and the
+    rows); drop those of rows at or past ``kept`` (a smaller budget)."""
+    layout = cache / "layout.json"
+    old = read_json(layout) if layout.exists() else {}
+    if old.get("key") != key or old.get("samples_per_shard") != samples_per_shard:
+        shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    write_json(layout, {"key": key, "samples_per_shard": samples_per_shard})
+    for f in (cache / "shards").glob("shard_*/hs_*.safetensors*"):
+        if f.name.endswith(".partial") or int(f.name.split("_")[1].split(".")[0]) >= kept:
+            f.unlink()
 
 
 def start_online(
@@ -68,17 +104,17 @@ def start_online(
     seq_lens = load_from_disk(str(dataset_dir)).with_format(None)["seq_len"]
     layer_ids, hidden = manifest["layer_ids"], manifest["hidden_size"]
     budget = x["hybrid_disk_gib"] if x["mode"] == "hybrid" else 0
-    kept = online.kept_rows(seq_lens, len(layer_ids), hidden, x["storage"], budget)
+    kept = kept_rows(seq_lens, len(layer_ids), hidden, x["storage"], budget)
     cache = root / "kept"
-    key = online.capture_key(manifest["capture"], fp["parts"]["dataset"])
-    online.reset_cache(cache, key, kept, x["samples_per_shard"])
+    key = capture_key(manifest["capture"], fp["parts"]["dataset"])
+    reset_cache(cache, key, kept, x["samples_per_shard"])
     one = [sample_bytes(n, len(layer_ids), hidden, x["storage"]) for n in seq_lens]
     # each training process and each of its DataLoader workers has one request in flight
     in_flight = processes_in_flight(train_config, processes) * staged_sample_bytes(
         x, max(one, default=0)
     )
     to_keep = sum(one[:kept]) - bytes_under(cache / "shards")
-    check_disk(root, max(to_keep, 0) + in_flight, x["disk_margin"], allow=cfg["allow_low_disk"])
+    check_disk(root, max(to_keep, 0) + in_flight, DISK_MARGIN, allow=cfg["allow_low_disk"])
     log.info(
         "hidden states %s: %d of %d rows kept on disk (%.2f GiB), the others generated every "
         "epoch and deleted once loaded",
@@ -88,12 +124,12 @@ def start_online(
         sum(one[:kept]) / 2**30,
     )
     devices = visible_devices() if v["device"] == "cuda" else []
-    x = with_mooncake_master(stack, x, log_path)
+    x = servers.with_mooncake_master(stack, x, log_path)
     endpoints = stack.enter_context(
-        online.extraction_endpoints(x, v, target, layer_ids, root / "staging", log_path, devices)
+        servers.extraction_endpoints(x, v, target, layer_ids, root / "staging", log_path, devices)
     )
-    online.write_spec(
-        root / online.SPEC_FILE,
+    spec.write_spec(
+        root / spec.SPEC_FILE,
         endpoints=endpoints,
         model_path=target["model_path"],
         arch=target["architecture"],
@@ -110,18 +146,7 @@ def start_online(
     )
     if v["device"] != "cuda" or x["endpoints"]:
         return None
-    return online.trainer_devices(devices, x["servers"], v["tensor_parallel_size"], x["colocate"])
-
-
-def with_mooncake_master(stack: contextlib.ExitStack, x: dict, log_path: str | None) -> dict:
-    """``extract`` with the Mooncake master its servers and trainer join
-    (``extract.transport: mooncake``): the one ``extract.mooncake.master`` names, else one
-    started here for the job (in ``stack``)."""
-    if x["transport"] != "mooncake" or x["mooncake"]["master"]:
-        return x
-    master = stack.enter_context(mooncake.running_master(log_path))
-    log.info("hidden states through a Mooncake store: master %s started for this job", master)
-    return {**x, "mooncake": {**x["mooncake"], "master": master}}
+    return servers.trainer_devices(devices, x["servers"], v["tensor_parallel_size"], x["colocate"])
 
 
 def processes_in_flight(train_config: dict[str, Any], processes: int) -> int:
@@ -132,8 +157,8 @@ def processes_in_flight(train_config: dict[str, Any], processes: int) -> int:
 
 def online_verification(root: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """The checks of every sample online training was fed, over all attempts, against the
-    extraction's thresholds (the agreement as the extract job enforces it)."""
-    summary = online.served_summary(root / "served")
+    extraction's thresholds (the agreement as the extract job enforces it: ExtractError)."""
+    summary = spec.served_summary(root / "served")
     verification = {
         **summary,
         "next_token_positions_per_sample": cfg["extract"]["agreement_positions_per_sample"],
@@ -142,8 +167,5 @@ def online_verification(root: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         "reference": None,
         "kept_bytes": bytes_under(root / "kept" / "shards"),
     }
-    try:
-        enforce_extraction(verification, cfg["extract"])
-    except ExtractError as e:
-        raise TrainError(str(e)) from e
+    enforce_extraction(verification, cfg["extract"])
     return verification

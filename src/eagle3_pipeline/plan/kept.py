@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..synth import answers
+from ..synth.errors import SynthError
 from ..target import load_info
 
 
@@ -38,7 +39,11 @@ def synth_kept(run: Path, fingerprint: str | None) -> list[str]:
     if fingerprint is None:
         return []
     kept: dict[tuple[int, int], int] = {}
-    for journal in answers.AnswerStore(run / "synth" / ".partial", fingerprint).journals():
+    try:
+        journals = answers.AnswerStore(run / "synth" / ".partial", fingerprint).journals()
+    except SynthError:  # answers of an older layout, not kept: the synth job said so
+        return []
+    for journal in journals:
         part, parts = answers.journal_part(journal)
         if (run / "synth" / "parts" / f"part_{part}.json").exists():
             continue
