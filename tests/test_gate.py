@@ -19,7 +19,7 @@ from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.runtime.files import read_json, write_json
 from eagle3_pipeline.runtime.results import TRAIN_METRICS, format_tag
 
-from conftest import CI_CONFIG, default_config
+from conftest import CI_CONFIG, default_config, unprobed
 
 
 def row(prompt_set="pinned", k=3, temperature=0.0, tau=1.8, per_position=(0.5, 0.2, 0.1)):
@@ -141,13 +141,14 @@ def fake_servers(monkeypatch, scripted):  # noqa: F811  (the fixture imported ab
     drafter accepts 5, 10, ... of 30 drafted tokens a pass, [3, 2, 0] per position."""
     started = []
 
-    def start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired=False):
+    def start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired=False, env=None):
         started.append(what)
         server = FakeServer("drafter" if spec_cfg else "baseline", [100])
         server.stop = lambda: None
         return server
 
     monkeypatch.setattr(stage, "start_server", start_server)
+    monkeypatch.setattr(stage.features_lib, "check", unprobed)
     return started
 
 

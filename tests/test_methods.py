@@ -189,21 +189,22 @@ def test_variant_config_problems_are_named(variants, names, bench, message):
 
 def test_extraction_captures_the_union_of_the_methods_layers():
     default = cfglib.load(Path(cfglib.SCHEMA_PATH).parent / "config.yaml")
-    # the default config extracts exactly what it did: no new key in its params
+    # every result key is in the params, empty or not: the default captures no extra layer
     assert cfglib.result_config(default, "extract")["extract"] == {
         "jobs": 1,
         "layer_ids": None,
+        "method_layer_ids": [],
         "samples_per_shard": 128,
         "storage": "bf16",
     }
     both = cfglib.validate({"train": {"methods": ["eagle3", "dflash"]}})
-    assert "method_layer_ids" not in cfglib.result_config(both, "extract")["extract"]
+    assert cfglib.result_config(both, "extract")["extract"]["method_layer_ids"] == []
     own = cfglib.validate(
         {"train": {"methods": ["eagle3", "dflash"], "dflash": {"layer_ids": [1, 15]}}}
     )
     assert cfglib.result_config(own, "extract")["extract"]["method_layer_ids"] == [1, 15]
     unused = cfglib.validate({"train": {"dflash": {"layer_ids": [1, 15]}}})  # dflash not trained
-    assert "method_layer_ids" not in cfglib.result_config(unused, "extract")["extract"]
+    assert cfglib.result_config(unused, "extract")["extract"]["method_layer_ids"] == []
 
 
 def test_layer_columns():

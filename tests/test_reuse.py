@@ -17,7 +17,7 @@ from eagle3_pipeline.runtime.files import read_json, write_json
 from eagle3_pipeline.runtime.results import EXTRACT_PART, HIDDEN_STATES, TRAIN_METRICS, format_tag
 from eagle3_pipeline.synth import answers
 
-from conftest import default_config
+from conftest import default_config, unprobed
 
 # ---- synth: answers keyed by prompt --------------------------------------------------------
 
@@ -268,10 +268,15 @@ def bench_inputs(tmp_path, monkeypatch, target_json):
     monkeypatch.setattr(stage, "measure_alternating", recorded("pair", measure.measure_alternating))
     monkeypatch.setattr(stage, "measure_rounds", recorded(None, measure.measure_rounds))
     monkeypatch.setattr(stage, "start_server", lambda *a, **k: Server(a[3]))
+    monkeypatch.setattr(stage.features_lib, "check", unprobed)
     monkeypatch.setattr(
         stage.consistency,
         "check",
-        lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
+        lambda *a: {
+            "ok": True,
+            "problems": [],
+            "drafter": {"speculators_model_type": "eagle3", "aux_layer_ids": [1]},
+        },
     )
     write_json(tmp_path / "target.json", {**read_json(target_json), "identity": "t"})
     manifest = {"format": format_tag(HIDDEN_STATES), "aux_layer_ids": [1]}
@@ -289,8 +294,11 @@ def bench_inputs(tmp_path, monkeypatch, target_json):
     def run(names, **bench_overrides):
         """The jobs as the workflow runs them: with bench.pairing: separate the baseline's,
         then the drafter's; with alternate the drafter's alone (the baseline beside it)."""
-        cfg = default_config(bench=bench_overrides)
         sets = {n: str(files[n]) for n in names}
+        specs = [{"name": n, "source": "file", "path": p} for n, p in sets.items()]
+        cfg = default_config(
+            prompts={"bench": specs}, bench={"prompt_sets": names, **bench_overrides}
+        )
         baseline, b = None, None
         if cfg["bench"]["pairing"] == "separate":
             baseline = tmp_path / "baseline.json"

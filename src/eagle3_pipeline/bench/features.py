@@ -67,8 +67,7 @@ def _ask(base_url: str, model: str, token_ids: list[int], timeout: float) -> Non
 
 
 def check(
-    base_url: str,
-    model: str,
+    server: Any,
     probe_dir: Path,
     manifest: dict[str, Any],
     aux_layer_ids: list[int],
@@ -76,7 +75,8 @@ def check(
     timeout: float = 600.0,
 ) -> dict[str, Any]:
     """Ask the drafter's server (started with :func:`probe_env`) for one stored row and
-    compare what its drafter was fed with the stored aux layers (:func:`judge`)."""
+    compare what its drafter was fed with the stored aux layers (:func:`judge`). ``server``:
+    a running :class:`~eagle3_pipeline.server.VllmServer`."""
     picked = pick_sample(manifest, max_model_len - PROBE_MAX_TOKENS)
     if picked is None:
         return {"checked": False, "why": "no stored sample fits vllm.max_model_len"}
@@ -87,7 +87,7 @@ def check(
     slots = [layer_ids.index(i) for i in aux_layer_ids]
     (probe_dir / serve_probe.ACTIVE).touch()
     try:
-        _ask(base_url, model, ids, timeout)
+        _ask(server.base_url, server.spec.model, ids, timeout)
     finally:
         (probe_dir / serve_probe.ACTIVE).unlink(missing_ok=True)
     calls = serve_probe.read_calls(probe_dir)
@@ -165,4 +165,4 @@ def keep(cache_dir, drafter_identity: str, manifest: dict[str, Any], result: dic
 
 def probe_dir() -> Path:
     """A fresh directory for one server's recordings."""
-    return Path(tempfile.mkdtemp(prefix="eagle3-serve-probe-"))
+    return Path(tempfile.mkdtemp(prefix="serve-probe-"))

@@ -23,6 +23,7 @@ from pathlib import Path
 from .. import methods
 from ..engine import cpu_fixes as vllm_cpu_fixes
 from ..engine.spec import seeded_sampling_args, served_dtype, spec_for_target
+from ..engine.target_class import facts_of
 from ..methods import consistency, predicted_acceptance_length
 from ..prompts.selection import context_tokens
 from ..runtime import results
@@ -31,7 +32,6 @@ from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
 from ..stats import median
 from ..target.chat import context_limit
-from ..target.serving import facts_of
 from ..target.stage import load_info
 from . import features as features_lib
 from . import gate as gate_lib
@@ -347,7 +347,7 @@ def run(
     # the aux features the served drafter is fed, checked on its first server (stored hidden
     # states only: online and hybrid runs keep none to compare with)
     identity = drafter_identity(drafter_dir)
-    probe = own.speculative_config()["method"] == "eagle3" and bool(manifest_path)
+    probe = own.features_probed and bool(manifest_path)
     served_features = features_lib.cached(cache_dir, identity, manifest) if probe else None
 
     def drafter_server(k: int) -> VllmServer:
@@ -361,8 +361,7 @@ def run(
         if probe_here:
             try:
                 served_features = features_lib.check(
-                    server.base_url,
-                    server.spec.model,
+                    server,
                     probe_dir,
                     manifest,
                     check["drafter"]["aux_layer_ids"],
@@ -376,12 +375,15 @@ def run(
                 server.stop()
                 raise BenchError(problem)
             features_lib.keep(cache_dir, identity, manifest, served_features)
-            log.info(
-                "served drafter's features match the extraction: relative error per aux "
-                "layer %s over %d positions",
-                [round(e, 5) for e in served_features["rel_err_per_layer"]],
-                served_features["positions"],
-            )
+            if served_features.get("checked"):
+                log.info(
+                    "served drafter's features match the extraction: relative error per aux "
+                    "layer %s over %d positions",
+                    [round(e, 5) for e in served_features["rel_err_per_layer"]],
+                    served_features["positions"],
+                )
+            else:
+                log.info("served drafter's features not checked: %s", served_features["why"])
         return server
 
     def measure_todo(todo: dict[int, dict[str, list[dict]]], keep) -> int:

@@ -77,7 +77,7 @@ def _wrap_v1(cls, recorder: _Recorder) -> None:
 
     @functools.wraps(original)
     def propose(self, *args, **kwargs):
-        if getattr(self, "method", None) == "eagle3" and recorder.wanted() and _rank_zero():
+        if recorder.wanted() and _rank_zero():
             names = ("num_speculative_tokens", "target_token_ids", "target_positions")
             bound = dict(zip((*names, "target_hidden_states"), args, strict=False)) | kwargs
             recorder.write(

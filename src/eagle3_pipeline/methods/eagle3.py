@@ -13,6 +13,7 @@ from .base import Check, Method, chained_tau
 class Eagle3(Method):
     name = "eagle3"
     title = "EAGLE-3"
+    features_probed = True
     own_keys = ("ttt_steps", "num_layers", "norm_before_fc", "norm_output")
     aux_key = "eagle_aux_hidden_state_layer_ids"
     aux_count_key = "num_aux_hidden_states"

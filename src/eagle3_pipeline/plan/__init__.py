@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..engine import target_class as serving
 from ..engine.spec import memory_utilization
 from ..hidden_states.disk import BYTES_PER_VALUE, sample_bytes
 from ..hidden_states.layers import LayerIdError, resolve_layers
@@ -33,7 +34,6 @@ from ..online.servers import servers_per_gpu
 from ..runtime import disk
 from ..runtime.disk import ALLOW_KEY, DISK_MARGIN, GIB, bytes_under, disk_problem
 from ..runtime.gpus import nvidia_smi_rows
-from ..target import serving
 from . import model_shape
 from .modes import mode_estimates
 from .stages import (
