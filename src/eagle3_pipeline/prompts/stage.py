@@ -10,6 +10,8 @@ from pathlib import Path
 from ..runtime.files import write_json, write_jsonl
 from ..runtime.provenance import provenance
 from ..target.chat import ContextLimit
+from . import pool
+from .decontam import bench_index
 from .rows import validate_row
 from .selection import (
     BAD_REASONS,
@@ -24,7 +26,15 @@ from .sources import source_name
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
 
-DEFAULTS = {"seed": 0, "max_chars": 8000, "max_bad_fraction": 0.5}
+DEFAULTS = {
+    "seed": 0,
+    "max_chars": 8000,
+    "max_bad_fraction": 0.5,
+    "near_duplicates": None,
+    "decontamination_ngram": None,
+    "decontaminate_against": [],
+}
+REMOVED = ("duplicates_across_sources", "near_duplicates")
 
 
 def _totals(per_source: dict[str, dict]) -> dict:
@@ -43,11 +53,22 @@ def _totals(per_source: dict[str, dict]) -> dict:
     held = sum(st.get("heldout", 0) for st in per_source.values())
     if held:
         tot["heldout"] = held  # sampled, then taken out of the training pool
+    if any("decontaminated" in st for st in per_source.values()):
+        tot["decontaminated"] = {}
+        for st in per_source.values():
+            for against, n in st["decontaminated"].items():
+                tot["decontaminated"][against] = tot["decontaminated"].get(against, 0) + n
+        for k in REMOVED:
+            tot[k] = sum(st[k] for st in per_source.values())
+        tot["in_pool"] = sum(st["in_pool"] for st in per_source.values())
     return tot
 
 
 def _collect_split(
-    specs: list[dict], split: str, params: dict, context: ContextLimit | None
+    specs: list[dict],
+    split: str,
+    params: dict,
+    context: ContextLimit | None,
 ) -> tuple[dict, dict]:
     """Each source's sampled rows and stats; with ``context``, without the prompts too long for
     it (counted as over_context)."""
@@ -72,7 +93,14 @@ def _collect_split(
 
 
 def _write_split(
-    split: str, params: dict, rows_by_name: dict, stats: dict, out: str | Path, stats_out, t0
+    split: str,
+    params: dict,
+    rows_by_name: dict,
+    stats: dict,
+    out: str | Path,
+    stats_out,
+    t0,
+    extra: dict | None = None,
 ) -> dict:
     """Write one output file (the training pool or one benchmark set) and its stats."""
     rows = [row for part in rows_by_name.values() for row in part]
@@ -87,6 +115,7 @@ def _write_split(
     result = {
         split: stats,
         "totals": _totals(stats),
+        **(extra or {}),
         "output": {"path": str(out), "rows": written},
         "seconds": round(time.monotonic() - t0, 3),
         "provenance": provenance(params),
@@ -106,11 +135,14 @@ def build_train(
 ) -> dict:
     """Write the training pool of every ``prompts.train`` source and its stats; return them.
 
-    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing keys;
-    ``heldout`` is 0 unless given). With ``heldout: N`` > 0, N prompts of the pool
-    (:func:`split_heldout`) are never trained on: they are written to ``heldout_out`` as the
-    benchmark set :data:`HELDOUT_SET`, where the acceptance predicted by validation applies.
-    ``context``: the limit synth's requests put on a prompt (vllm.max_model_len -
+    ``params`` is the ``prompts`` config section (:data:`DEFAULTS` for missing keys;
+    ``heldout`` is 0 unless given). The sampled rows of every source are cleaned together
+    (:func:`.pool.clean`): prompts of the benchmark sources ``decontaminate_against``
+    (config.decontamination_sources), repeats across sources and near-duplicates are removed.
+    With ``heldout: N`` > 0, N prompts of the pool (:func:`split_heldout`) are never trained
+    on: they are written to ``heldout_out`` as the benchmark set :data:`HELDOUT_SET`, where the
+    acceptance predicted by validation applies, and the training prompts that contain one are
+    removed too. ``context``: the limit synth's requests put on a prompt (vllm.max_model_len -
     synth.max_tokens); sampled prompts over it are skipped (over_context).
     """
     params = {**DEFAULTS, **params}
@@ -119,19 +151,27 @@ def build_train(
         raise ValueError("prompts.heldout > 0 needs a path for the held-out benchmark set")
     t0 = time.monotonic()
     rows_by_name, stats = _collect_split(params["train"], "train", params, context)
-    pool = [row for part in rows_by_name.values() for row in part]
-    train_rows, held = split_heldout(pool, n_heldout, params["seed"])
+    ngram = params["decontamination_ngram"]
+    bench = bench_index(params["decontaminate_against"], ngram)
+    rows_by_name = pool.clean(rows_by_name, stats, params["near_duplicates"], bench)
+    merged = [row for part in rows_by_name.values() for row in part]
+    train_rows, held = split_heldout(merged, n_heldout, params["seed"])
     if held:
         held_ids = {r["id"] for r in held}
         for name, part in rows_by_name.items():
             rows_by_name[name] = [r for r in part if r["id"] not in held_ids]
             stats[name]["heldout"] = len(part) - len(rows_by_name[name])
+        rows_by_name = pool.without_heldout(rows_by_name, stats, held, ngram)
+        train_rows = [row for part in rows_by_name.values() for row in part]
+    for name, part in rows_by_name.items():
+        stats[name]["in_pool"] = len(part)
+    if held:
         heldout_stats = {
             **new_counts(),
             "source": HELDOUT_SET,
             "name": HELDOUT_SET,
-            "rows_read": len(pool),
-            "kept": len(pool),
+            "rows_read": len(merged),
+            "kept": len(merged),
             "sampled": len(held),
             "from_sources": {name: st["heldout"] for name, st in stats.items()},
         }
@@ -144,7 +184,16 @@ def build_train(
             heldout_stats_out,
             t0,
         )
-    result = _write_split("train", params, rows_by_name, stats, train_out, stats_out, t0)
+    result = _write_split(
+        "train",
+        params,
+        rows_by_name,
+        stats,
+        train_out,
+        stats_out,
+        t0,
+        {"decontamination": {"turns_indexed": bench.turns, "ngram": ngram}},
+    )
     log.info(
         "prompts: %d training prompts, %d held out for benchmarking", len(train_rows), len(held)
     )

@@ -50,11 +50,16 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     # A prompt is kept where it fits the context its answer leaves (target.chat.ContextLimit):
     # the training pool's answers are synth's, a benchmark set's the bench's.
+    # The pool is decontaminated against the sources of prompts.bench (config.result_config
+    # adds them, without what only samples a set: a new set of a source already there re-runs
+    # nothing here).
     "prompts_train": (
         "prompts.seed",
         "prompts.max_chars",
         "prompts.train",
         "prompts.heldout",
+        "prompts.near_duplicates",
+        "prompts.decontamination_ngram",
         "vllm.max_model_len",
         "synth.max_tokens",
         "synth.chat_template_kwargs",
