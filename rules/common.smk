@@ -118,6 +118,11 @@ def decontamination_files():
     return [s["path"] for s in cfglib.decontamination_sources(config) if s["path"]]
 
 
+def self_written():
+    """The names of the prompts.train sources the target writes (source self_written)."""
+    return cfglib.self_written_names(config)
+
+
 def bench_prompt_files(wildcards):
     return cfglib.prompt_files([cfglib.bench_set_spec(config, wildcards.name)])
 

@@ -157,6 +157,10 @@ def normalize_row(
         if not prompt.strip():
             return rid, [{"role": "user", "content": ""}], extra  # counted as empty
         return rid, [{"role": "user", "content": humaneval_message(prompt)}], extra
+    if kind == "self_written":  # the rows of prompts_write_gather: each a whole prompt
+        rid = _row_id(raw.get("id"), index)
+        conv = _conversation(raw.get("messages"), "role", "content", None)
+        return rid, shape_messages(conv, True, len(conv)), extra
     if kind == "file":
         rid = _row_id(raw.get("id"), index)
         if raw.get("messages") is not None:

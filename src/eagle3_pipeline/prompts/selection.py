@@ -148,9 +148,15 @@ def turns_problem(kind: str, split: str, multi_turn: bool, each_turn: bool):
 
 
 def collect(
-    spec: dict, split: str, seed: int, max_chars: int, max_bad_fraction: float
+    spec: dict,
+    split: str,
+    seed: int,
+    max_chars: int,
+    max_bad_fraction: float,
+    written: dict | None = None,
 ) -> tuple[list[dict], dict]:
-    """Read, filter, dedupe and sample one source; return its rows and stats."""
+    """Read, filter, dedupe and sample one source; return its rows and stats. ``written``: the
+    rows file of each self_written source."""
     spec = {**SOURCE_DEFAULTS, **spec}
     kind, name = spec["source"], source_name(spec)
     where = f"{split}/{name}"
@@ -158,7 +164,7 @@ def collect(
     if wrong:
         raise ValueError(f"prompt source {where}: {wrong[0]} {wrong[1]}")
     t0 = time.monotonic()
-    raws, info = read_source(spec)
+    raws, info = read_source(spec, written)
     rows, counts = filter_rows(
         kind,
         raws,

@@ -214,11 +214,20 @@ def iter_file_rows(path: str | Path) -> Iterator[Any]:
 
 
 FILE_LICENCE = "the file's own: not known to the pipeline"
+SELF_WRITTEN_LICENCE = "written by the target: the target model's licence applies"
 
 
-def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
-    """Raw rows of a source and facts about its input file (path, sha256, licence)."""
+def read_source(spec: dict, written: dict | None = None) -> tuple[Iterable[Any], dict]:
+    """Raw rows of a source and facts about its input file (path, sha256, licence).
+    ``written``: per self_written source, the rows its target wrote (the gather's file)."""
     kind = spec["source"]
+    if kind == "self_written":
+        name = source_name(spec)
+        if not written or name not in written:
+            raise ValueError(f"the prompts the target wrote for source {name!r} are not given")
+        path = Path(written[name])
+        info = {"path": str(path), "sha256": sha256_file(path), "licence": SELF_WRITTEN_LICENCE}
+        return iter_jsonl_rows(path), info
     if kind == "file":
         if not spec.get("path"):
             raise ValueError("a prompt source `file` needs `path`")
@@ -228,7 +237,9 @@ def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
         info = {"path": str(path.resolve()), "sha256": sha256_file(path), "licence": FILE_LICENCE}
         return iter_file_rows(path), info
     if kind not in PACKAGED:
-        raise ValueError(f"unknown prompt source {kind!r} ({', '.join([*PACKAGED, 'file'])})")
+        raise ValueError(
+            f"unknown prompt source {kind!r} ({', '.join([*PACKAGED, 'file', 'self_written'])})"
+        )
     path = packaged_file(kind)
     info = {
         "path": str(path),

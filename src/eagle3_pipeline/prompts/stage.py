@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..runtime.files import write_json, write_jsonl
+from ..runtime.files import read_json, write_json, write_jsonl
 from ..runtime.provenance import provenance
 from ..target.chat import ContextLimit
 from . import pool
@@ -69,9 +69,10 @@ def _collect_split(
     split: str,
     params: dict,
     context: ContextLimit | None,
+    written: dict | None = None,
 ) -> tuple[dict, dict]:
     """Each source's sampled rows and stats; with ``context``, without the prompts too long for
-    it (counted as over_context)."""
+    it (counted as over_context). ``written``: the rows file of each self_written source."""
     rows_by_name: dict[str, list[dict]] = {}
     stats: dict[str, dict] = {}
     for i, spec in enumerate(specs):
@@ -82,7 +83,7 @@ def _collect_split(
                 f"{name!r}; give them different `name`s"
             )
         rows, stats[name] = collect(
-            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"]
+            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"], written
         )
         if context is not None:
             rows, over = fit_context(rows, context, f"{split}/{name}", params["max_bad_fraction"])
@@ -132,6 +133,7 @@ def build_train(
     heldout_out: str | Path | None = None,
     heldout_stats_out: str | Path | None = None,
     context: ContextLimit | None = None,
+    written: dict[str, dict[str, str]] | None = None,
 ) -> dict:
     """Write the training pool of every ``prompts.train`` source and its stats; return them.
 
@@ -143,14 +145,20 @@ def build_train(
     on: they are written to ``heldout_out`` as the benchmark set :data:`HELDOUT_SET`, where the
     acceptance predicted by validation applies, and the training prompts that contain one are
     removed too. ``context``: the limit synth's requests put on a prompt (vllm.max_model_len -
-    synth.max_tokens); sampled prompts over it are skipped (over_context).
+    synth.max_tokens); sampled prompts over it are skipped (over_context). ``written``: per
+    self_written source, ``{"rows": path, "stats": path}`` of what its target wrote.
     """
     params = {**DEFAULTS, **params}
     n_heldout = int(params.get("heldout") or 0)
     if n_heldout and heldout_out is None:
         raise ValueError("prompts.heldout > 0 needs a path for the held-out benchmark set")
     t0 = time.monotonic()
-    rows_by_name, stats = _collect_split(params["train"], "train", params, context)
+    written = written or {}
+    rows_by_name, stats = _collect_split(
+        params["train"], "train", params, context, {n: w["rows"] for n, w in written.items()}
+    )
+    for name, w in written.items():
+        stats[name]["written"] = read_json(w["stats"])
     ngram = params["decontamination_ngram"]
     bench = bench_index(params["decontaminate_against"], ngram)
     rows_by_name = pool.clean(rows_by_name, stats, params["near_duplicates"], bench)

@@ -1,6 +1,7 @@
 """The report's "Training pool" section: per training source its licence and what the pool's
 cleaning removed (benchmark prompts, repeats across sources, near-duplicates, prompts that
-contain a held-out one), and a sample of the removed prompts."""
+contain a held-out one), a sample of the removed prompts, and for a source the target wrote
+(self_written) its filter counts and a sample of the turns it kept and removed."""
 
 from __future__ import annotations
 
@@ -31,6 +32,39 @@ def _removed_rows(train: dict) -> list[list[str]]:
             )
             rows.append([name, reason, _cut(e["prompt"]), why])
     return rows
+
+
+def _written_blocks(name: str, w: dict) -> list:
+    gen = w.get("generation") or {}
+    blocks: list = [
+        (
+            "table",
+            [f"written by the target: {name}", ""],
+            [
+                [
+                    "conversations x turns",
+                    f"{fmt(w['conversations'])} x {w['turns_per_conversation']}",
+                ],
+                ["turns written / kept", f"{fmt(w['turns_written'])} / {fmt(w['turns_kept'])}"],
+                [
+                    "removed by the filters",
+                    fmt({k: v for k, v in w["removed"].items() if v}) or "0",
+                ],
+                ["conversations not finished", fmt(w["not_finished"])],
+                ["rows (a turn with the turns before it)", fmt(w["rows"])],
+                ["completion tokens/s", fmt(gen.get("completion_tokens_per_s"))],
+            ],
+        )
+    ]
+    sample = [["kept", _cut(t)] for t in w.get("kept_examples", [])[:SHOWN]]
+    sample += [
+        [reason, _cut(t)]
+        for reason, texts in (w.get("removed_examples") or {}).items()
+        for t in texts[:SHOWN]
+    ]
+    if sample:
+        blocks.append(("table", ["written turn", "text"], sample))
+    return blocks
 
 
 def pool_blocks(prompts: dict) -> list:
@@ -79,4 +113,7 @@ def pool_blocks(prompts: dict) -> list:
     removed = _removed_rows(train)
     if removed:
         blocks.append(("table", ["source", "removed as", "prompt", "why"], removed))
+    for name, s in train.items():
+        if s.get("written"):
+            blocks += _written_blocks(name, s["written"])
     return blocks

@@ -64,6 +64,24 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "synth.max_tokens",
         "synth.chat_template_kwargs",
     ),
+    # A self_written source's parts and their gather: besides these, the source's own writing
+    # keys (self_written.WRITE_KEYS) and, where it writes more than one turn, synth's answer
+    # keys (self_written.ANSWER_KEYS): config.result_config adds them per source.
+    "prompts_write": (
+        "prompts.seed",
+        "synth.chat_template_kwargs",
+        "synth.jobs",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.max_model_len",
+    ),
+    "prompts_write_gather": (
+        "prompts.seed",
+        "synth.chat_template_kwargs",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.max_model_len",
+    ),
     "prompts_bench": (
         "prompts.seed",
         "prompts.max_chars",
