@@ -260,3 +260,23 @@ def test_the_report_shows_what_the_pool_removed(tmp_path):
     assert read_json(tmp_path / "train.stats.json")["train"]["mine"]["decontaminated"] == {
         "mtbench": 1
     }
+
+
+# ---- packaged pools ----------------------------------------------------------------------
+
+
+def test_chitchat_conversations_from_the_package_with_their_licence(tmp_path):
+    """chitchat-dataset (MIT): 7,168 human conversations, speakers alternating as user and
+    assistant, a turn's lines joined; its many "hi, how are you" openings collapse in the pool."""
+    p = params([{"source": "chitchat", "n": None, "multi_turn": True, "max_turns": 2}])
+    st, rows = build(tmp_path, p)
+    cc = st["train"]["chitchat"]
+    assert cc["rows_read"] == 7168 and cc["package"] == "chitchat-dataset==0.9.0"
+    assert cc["licence"].startswith("MIT")
+    assert cc["kept"] + cc["duplicates"] + sum(cc["skipped"].values()) == 7168
+    assert cc["near_duplicates"] > 0 and cc["in_pool"] == len(rows)
+    for r in rows[:50]:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles in (["user"], ["user", "assistant", "user"])
+    with_context = next(r for r in rows if len(r["messages"]) == 3)
+    assert all(m["content"].strip() for m in with_context["messages"])

@@ -603,9 +603,13 @@ def test_mtbench_and_humaneval_normalized():
     assert he[0]["messages"][0]["content"].endswith('    """\n```')
     for r in mt + he:
         prompts.validate_row(r)
-    with pytest.raises(ValueError, match="multi_turn is only for sources sharegpt and file, and"):
+    with pytest.raises(
+        ValueError, match="multi_turn is only for sources sharegpt, chitchat and file, and"
+    ):
         prompts.collect({"source": "mtbench", "multi_turn": True}, "train", 0, 8000, 0.5)
-    with pytest.raises(ValueError, match="each_turn is only for sources sharegpt and file"):
+    with pytest.raises(
+        ValueError, match="each_turn is only for sources sharegpt, chitchat and file"
+    ):
         prompts.collect({"source": "mtbench", "each_turn": True}, "bench", 0, 8000, 0.5)
     with pytest.raises(ValueError, match="multi_turn is only"):
         prompts.collect({"source": "humaneval", "multi_turn": True}, "bench", 0, 8000, 0.5)

@@ -28,6 +28,8 @@ log = logging.getLogger(__package__)
 BAD_REASONS = ("malformed", "empty", "over_length", "over_context")
 # The benchmark set that prompts.heldout takes out of the training pool (a reserved name).
 HELDOUT_SET = "heldout"
+# sources of whole conversations: a prompt may carry the turns before its last
+CONVERSATIONS = ("sharegpt", "chitchat", "file")
 SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
 
 
@@ -134,15 +136,19 @@ def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> flo
 
 def turns_problem(kind: str, split: str, multi_turn: bool, each_turn: bool):
     """``(key, why)`` when a source cannot keep the turns asked of it, else None: a
-    conversation's turns need the answers between them, which ShareGPT and files have; MT-Bench's
-    later questions are asked after the measured server's own answers, in a benchmark set only."""
-    if each_turn and kind not in ("sharegpt", "file"):
-        return "each_turn", "is only for sources sharegpt and file (no answers between the turns)"
-    if multi_turn and kind not in ("sharegpt", "file") and (kind, split) != ("mtbench", "bench"):
+    conversation's turns need the answers between them, which ShareGPT, chitchat and files
+    have; MT-Bench's later questions are asked after the measured server's own answers, in a
+    benchmark set only."""
+    if each_turn and kind not in CONVERSATIONS:
+        return (
+            "each_turn",
+            "is only for sources sharegpt, chitchat and file (no answers between the turns)",
+        )
+    if multi_turn and kind not in CONVERSATIONS and (kind, split) != ("mtbench", "bench"):
         return "multi_turn", (
-            "is only for sources sharegpt and file, and mtbench in prompts.bench (its later "
-            "questions are asked after the measured server's own answers, which a training "
-            "prompt does not have)"
+            "is only for sources sharegpt, chitchat and file, and mtbench in prompts.bench (its "
+            "later questions are asked after the measured server's own answers, which a "
+            "training prompt does not have)"
         )
     return None
 

