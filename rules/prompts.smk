@@ -83,7 +83,9 @@ rule prompts_write_gather:
     whatever synth.jobs is), with what its filters removed."""
     input:
         target=out("target/target.json"),
-        parts=expand(out("prompts/self_written/{{name}}/parts/part_{part}.json"), part=synth_parts()),
+        parts=expand(
+            out("prompts/self_written/{{name}}/parts/part_{part}.json"), part=synth_parts()
+        ),
     output:
         rows=out("prompts/self_written_{name}.jsonl.zst"),
         stats=out("prompts/self_written_{name}.stats.json"),
