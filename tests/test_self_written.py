@@ -4,6 +4,9 @@ with the packaged model (parts, journal, resume, exact token ids), into the trai
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from eagle3_pipeline import config as cfglib
@@ -51,6 +54,22 @@ def test_the_user_turn_is_read_off_the_chat_template(tokenizer):
     assert "When do I plant tulips?" in later.prefix and "In autumn." in later.prefix
     assert later.prefix.endswith("In autumn.<|im_end|>\n<|im_start|>user\n")
     assert "<|im_start|>assistant\n" not in later.prefix[-len("<|im_start|>user\n") - 30 :]
+
+
+@pytest.mark.parametrize("template", ["qwen3", "kimi-k2-thinking", "deepseek-r1"])
+def test_a_thinking_templates_user_turn_carries_no_reasoning(tokenizer, template):
+    """Thinking templates (tests/data/templates): the prefix of a later user turn holds the
+    earlier answer's content, never reasoning, and ends at the user's header, before any
+    thinking block a generation prompt would open."""
+    text = (Path(__file__).parent / "data" / "templates" / f"{template}.jinja").read_text()
+    convo = [
+        {"role": "user", "content": "Name a prime above 10."},
+        {"role": "assistant", "content": "Eleven."},
+    ]
+    turn = user_turn(tokenizer, convo, {}, text)
+    assert "Eleven." in turn.prefix and not turn.prefix.rstrip().endswith("<think>")
+    assert re.search(r"<think>\s*\S.*?</think>", turn.prefix, re.S) is None
+    assert turn.stop_token_ids or turn.stop
 
 
 @pytest.mark.parametrize(
