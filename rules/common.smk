@@ -113,6 +113,16 @@ def train_prompt_files():
     return cfglib.prompt_files(config["prompts"]["train"])
 
 
+def decontamination_files():
+    """The files of the benchmark sources the training pool is decontaminated against."""
+    return [s["path"] for s in cfglib.decontamination_sources(config) if s["path"]]
+
+
+def self_written():
+    """The names of the prompts.train sources the target writes (source self_written)."""
+    return cfglib.self_written_names(config)
+
+
 def bench_prompt_files(wildcards):
     return cfglib.prompt_files([cfglib.bench_set_spec(config, wildcards.name)])
 

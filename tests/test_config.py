@@ -173,12 +173,15 @@ INVALID = {
     "mtbench's later turns in the training pool": (
         "prompts.train",
         [{"source": "sharegpt", "n": 20}, {"source": "mtbench", "multi_turn": True}],
-        ["`prompts.train[1].multi_turn`", "is only for sources sharegpt and file, and mtbench"],
+        [
+            "`prompts.train[1].multi_turn`",
+            "is only for sources sharegpt, chitchat and file, and mtbench",
+        ],
     ),
     "each_turn on a benchmark source": (
         "prompts.bench",
         [{"source": "mtbench"}, {"source": "humaneval", "each_turn": True}],
-        ["`prompts.bench[1].each_turn`", "is only for sources sharegpt and file"],
+        ["`prompts.bench[1].each_turn`", "is only for sources sharegpt, chitchat and file"],
     ),
     "api key without endpoint": (
         "synth.api_key_env",

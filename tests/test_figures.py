@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 
+import figures_data
 import pytest
 
 import figures
@@ -24,6 +25,7 @@ import figures_results_more
 from figures import REPO, RESULTS, Claim, cited_files, missing, tracked_results
 
 MODULES = [
+    figures_data,
     figures_results_data,
     figures_results_gpu,
     figures_results_more,
@@ -63,7 +65,7 @@ WITH_REVISION_THERE = [
 
 def test_there_are_claims_on_every_results_page():
     pages = {claim.page for claim in CLAIMS}
-    assert pages == {"docs/results.md", "docs/results_history.md", "README.md"}
+    assert pages == {"docs/results.md", "docs/results_history.md", "README.md", "docs/data.md"}
     assert sum(claim.figures for claim in CLAIMS) > 1000
 
 

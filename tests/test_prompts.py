@@ -145,7 +145,12 @@ def test_missing_package_names_the_install(monkeypatch):
         prompts.PACKAGED,
         "humaneval",
         prompts.Packaged(
-            "no-such-dist-xyz", "1.0", "x.jsonl", "0" * 64, "pip install no-such-dist-xyz==1.0"
+            "no-such-dist-xyz",
+            "1.0",
+            "x.jsonl",
+            "0" * 64,
+            "pip install no-such-dist-xyz==1.0",
+            "MIT",
         ),
     )
     with pytest.raises(FileNotFoundError, match=re.escape("pip install no-such-dist-xyz==1.0")):
@@ -522,12 +527,13 @@ def test_user_files_jsonl_zst_parquet(tmp_path):
         {"id": "file:msgs:j1", "source": "msgs", "messages": CONVS[1][:4]},
         {"id": "file:plain:0", "source": "plain", "messages": [m("user", "zst one")]},
         {"id": "file:plain:42", "source": "plain", "messages": [m("user", "zst two")]},
-        {"id": "file:pqm:p0", "source": "pqm", "messages": CONVS[0]},
+        # pqm's p0 is msgs' j0 again: a repeat of an earlier source, removed
         {"id": "file:pqm:p1", "source": "pqm", "messages": CONVS[1][:2]},
         {"id": "file:prompts:0", "source": "prompts", "messages": [m("user", "first")]},
         {"id": "file:prompts:2", "source": "prompts", "messages": [m("user", "third")]},
     ]
     assert stats["train"]["prompts"]["malformed_detail"] == {"neither messages nor prompt": 1}
+    assert stats["train"]["pqm"]["duplicates_across_sources"] == 1
     assert list(iter_jsonl(out / "bench_mine.jsonl")) == [
         {"id": "file:mine:0", "source": "mine", "messages": [m("user", "from prompt")]},
         {"id": "file:mine:1", "source": "mine", "messages": [m("user", "from messages")]},
@@ -597,9 +603,13 @@ def test_mtbench_and_humaneval_normalized():
     assert he[0]["messages"][0]["content"].endswith('    """\n```')
     for r in mt + he:
         prompts.validate_row(r)
-    with pytest.raises(ValueError, match="multi_turn is only for sources sharegpt and file, and"):
+    with pytest.raises(
+        ValueError, match="multi_turn is only for sources sharegpt, chitchat and file, and"
+    ):
         prompts.collect({"source": "mtbench", "multi_turn": True}, "train", 0, 8000, 0.5)
-    with pytest.raises(ValueError, match="each_turn is only for sources sharegpt and file"):
+    with pytest.raises(
+        ValueError, match="each_turn is only for sources sharegpt, chitchat and file"
+    ):
         prompts.collect({"source": "mtbench", "each_turn": True}, "bench", 0, 8000, 0.5)
     with pytest.raises(ValueError, match="multi_turn is only"):
         prompts.collect({"source": "humaneval", "multi_turn": True}, "bench", 0, 8000, 0.5)

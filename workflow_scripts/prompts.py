@@ -3,7 +3,7 @@
 (logic: eagle3_pipeline.target.chat)."""
 
 from eagle3_pipeline import prompts
-from eagle3_pipeline.config import job_section
+from eagle3_pipeline.config import job_section, self_written_names
 from eagle3_pipeline.runtime import run_job
 from eagle3_pipeline.target.chat import context_limit
 
@@ -22,6 +22,11 @@ def job(i, o, p, log):
         asked.get("chat_template_kwargs") or {},
     )
     if snakemake.rule == "prompts_train":
+        names = self_written_names(snakemake.config)
+        written = {
+            name: {"rows": rows, "stats": stats}
+            for name, rows, stats in zip(names, i.written, i.written_stats, strict=True)
+        }
         prompts.build_train(
             section,
             train_out=o.train,
@@ -29,6 +34,7 @@ def job(i, o, p, log):
             heldout_out=o.get("heldout"),
             heldout_stats_out=o.get("heldout_stats"),
             context=context,
+            written=written,
         )
     else:
         [spec] = section["bench"]

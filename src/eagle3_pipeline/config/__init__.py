@@ -24,7 +24,13 @@ from .checks import (
     resolve_train_gpus,
     variant_problems,
 )
-from .params import result_config, sort_keys
+from .params import (
+    decontamination_sources,
+    result_config,
+    self_written_names,
+    self_written_spec,
+    sort_keys,
+)
 from .schema import SCHEMA_PATH, coerce_cli_strings, load_schema, problems_of
 from .values import (
     drafter_names,
@@ -53,6 +59,7 @@ __all__ = [
     "bench_sets",
     "check_semantics",
     "coerce_cli_strings",
+    "decontamination_sources",
     "deep_update",
     "drafter_names",
     "drafter_train_config",
@@ -70,6 +77,8 @@ __all__ = [
     "resolve_train_gpus",
     "result_config",
     "run_dir",
+    "self_written_names",
+    "self_written_spec",
     "server_gpus",
     "speculative_tokens",
     "stage_gpus",

@@ -14,6 +14,8 @@ from ..engine.cpu_fixes import installed as cpu_fix_installed
 from ..hidden_states import mooncake
 from ..prompts.selection import HELDOUT_SET, turns_problem
 from ..prompts.sources import source_name
+from ..self_written.conversations import TOPIC
+from ..self_written.stage import WRITE_KEYS
 from ..train.trainer_config import device_problems
 from .schema import load_schema, problems_of
 from .values import server_gpus
@@ -92,6 +94,7 @@ def check_semantics(cfg: dict) -> list[str]:
             wrong = turns_problem(src["source"], split, src.get("multi_turn"), src.get("each_turn"))
             if wrong:
                 problems.append(f"config key `{where}.{wrong[0]}`: {wrong[1]}")
+            problems.extend(self_written_problems(where, split, src))
             if src["source"] == "file" and not src.get("path"):
                 continue
             name = source_name(src)
@@ -138,6 +141,33 @@ def check_semantics(cfg: dict) -> list[str]:
     problems += method_problems(cfg)
     problems += gate_problems(cfg)
     return problems
+
+
+def self_written_problems(where: str, split: str, src: dict) -> list[str]:
+    """A self_written source belongs in the training pool, its own keys to it alone, and its
+    topics need a system prompt with a place for them."""
+    if src["source"] != "self_written":
+        given = [k for k in WRITE_KEYS if k in src]
+        return [
+            f"config key `{where}.{k}`: only for source 'self_written' (prompts the target "
+            f"writes), not {src['source']!r}"
+            for k in given
+        ]
+    if split != "train":
+        return [
+            f"config key `{where}.source`: self_written is a source of prompts.train only (a "
+            "benchmark set of prompts the target wrote would measure it on its own writing)"
+        ]
+    if (
+        src["topics"]
+        and src["system_prompts"]
+        and not any(TOPIC in p for p in src["system_prompts"])
+    ):
+        return [
+            f"config key `{where}.topics`: no system prompt of `{where}.system_prompts` has "
+            f"{TOPIC}, so the topics would seed nothing; put {TOPIC} where the topic goes"
+        ]
+    return []
 
 
 def notes(cfg: dict) -> list[str]:

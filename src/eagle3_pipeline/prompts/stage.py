@@ -7,9 +7,11 @@ import logging
 import time
 from pathlib import Path
 
-from ..runtime.files import write_json, write_jsonl
+from ..runtime.files import read_json, write_json, write_jsonl
 from ..runtime.provenance import provenance
 from ..target.chat import ContextLimit
+from . import pool
+from .decontam import bench_index
 from .rows import validate_row
 from .selection import (
     BAD_REASONS,
@@ -24,7 +26,15 @@ from .sources import source_name
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
 
-DEFAULTS = {"seed": 0, "max_chars": 8000, "max_bad_fraction": 0.5}
+DEFAULTS = {
+    "seed": 0,
+    "max_chars": 8000,
+    "max_bad_fraction": 0.5,
+    "near_duplicates": None,
+    "decontamination_ngram": None,
+    "decontaminate_against": [],
+}
+REMOVED = ("duplicates_across_sources", "near_duplicates")
 
 
 def _totals(per_source: dict[str, dict]) -> dict:
@@ -43,14 +53,26 @@ def _totals(per_source: dict[str, dict]) -> dict:
     held = sum(st.get("heldout", 0) for st in per_source.values())
     if held:
         tot["heldout"] = held  # sampled, then taken out of the training pool
+    if any("decontaminated" in st for st in per_source.values()):
+        tot["decontaminated"] = {}
+        for st in per_source.values():
+            for against, n in st["decontaminated"].items():
+                tot["decontaminated"][against] = tot["decontaminated"].get(against, 0) + n
+        for k in REMOVED:
+            tot[k] = sum(st[k] for st in per_source.values())
+        tot["in_pool"] = sum(st["in_pool"] for st in per_source.values())
     return tot
 
 
 def _collect_split(
-    specs: list[dict], split: str, params: dict, context: ContextLimit | None
+    specs: list[dict],
+    split: str,
+    params: dict,
+    context: ContextLimit | None,
+    written: dict | None = None,
 ) -> tuple[dict, dict]:
     """Each source's sampled rows and stats; with ``context``, without the prompts too long for
-    it (counted as over_context)."""
+    it (counted as over_context). ``written``: the rows file of each self_written source."""
     rows_by_name: dict[str, list[dict]] = {}
     stats: dict[str, dict] = {}
     for i, spec in enumerate(specs):
@@ -61,7 +83,7 @@ def _collect_split(
                 f"{name!r}; give them different `name`s"
             )
         rows, stats[name] = collect(
-            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"]
+            spec, split, params["seed"], params["max_chars"], params["max_bad_fraction"], written
         )
         if context is not None:
             rows, over = fit_context(rows, context, f"{split}/{name}", params["max_bad_fraction"])
@@ -72,7 +94,14 @@ def _collect_split(
 
 
 def _write_split(
-    split: str, params: dict, rows_by_name: dict, stats: dict, out: str | Path, stats_out, t0
+    split: str,
+    params: dict,
+    rows_by_name: dict,
+    stats: dict,
+    out: str | Path,
+    stats_out,
+    t0,
+    extra: dict | None = None,
 ) -> dict:
     """Write one output file (the training pool or one benchmark set) and its stats."""
     rows = [row for part in rows_by_name.values() for row in part]
@@ -87,6 +116,7 @@ def _write_split(
     result = {
         split: stats,
         "totals": _totals(stats),
+        **(extra or {}),
         "output": {"path": str(out), "rows": written},
         "seconds": round(time.monotonic() - t0, 3),
         "provenance": provenance(params),
@@ -103,35 +133,53 @@ def build_train(
     heldout_out: str | Path | None = None,
     heldout_stats_out: str | Path | None = None,
     context: ContextLimit | None = None,
+    written: dict[str, dict[str, str]] | None = None,
 ) -> dict:
     """Write the training pool of every ``prompts.train`` source and its stats; return them.
 
-    ``params`` is the ``prompts`` config section (schema defaults are assumed for missing keys;
-    ``heldout`` is 0 unless given). With ``heldout: N`` > 0, N prompts of the pool
-    (:func:`split_heldout`) are never trained on: they are written to ``heldout_out`` as the
-    benchmark set :data:`HELDOUT_SET`, where the acceptance predicted by validation applies.
-    ``context``: the limit synth's requests put on a prompt (vllm.max_model_len -
-    synth.max_tokens); sampled prompts over it are skipped (over_context).
+    ``params`` is the ``prompts`` config section (:data:`DEFAULTS` for missing keys;
+    ``heldout`` is 0 unless given). The sampled rows of every source are cleaned together
+    (:func:`.pool.clean`): prompts of the benchmark sources ``decontaminate_against``
+    (config.decontamination_sources), repeats across sources and near-duplicates are removed.
+    With ``heldout: N`` > 0, N prompts of the pool (:func:`split_heldout`) are never trained
+    on: they are written to ``heldout_out`` as the benchmark set :data:`HELDOUT_SET`, where the
+    acceptance predicted by validation applies, and the training prompts that contain one are
+    removed too. ``context``: the limit synth's requests put on a prompt (vllm.max_model_len -
+    synth.max_tokens); sampled prompts over it are skipped (over_context). ``written``: per
+    self_written source, ``{"rows": path, "stats": path}`` of what its target wrote.
     """
     params = {**DEFAULTS, **params}
     n_heldout = int(params.get("heldout") or 0)
     if n_heldout and heldout_out is None:
         raise ValueError("prompts.heldout > 0 needs a path for the held-out benchmark set")
     t0 = time.monotonic()
-    rows_by_name, stats = _collect_split(params["train"], "train", params, context)
-    pool = [row for part in rows_by_name.values() for row in part]
-    train_rows, held = split_heldout(pool, n_heldout, params["seed"])
+    written = written or {}
+    rows_by_name, stats = _collect_split(
+        params["train"], "train", params, context, {n: w["rows"] for n, w in written.items()}
+    )
+    for name, w in written.items():
+        stats[name]["written"] = read_json(w["stats"])
+    ngram = params["decontamination_ngram"]
+    bench = bench_index(params["decontaminate_against"], ngram)
+    rows_by_name = pool.clean(rows_by_name, stats, params["near_duplicates"], bench)
+    merged = [row for part in rows_by_name.values() for row in part]
+    train_rows, held = split_heldout(merged, n_heldout, params["seed"])
     if held:
         held_ids = {r["id"] for r in held}
         for name, part in rows_by_name.items():
             rows_by_name[name] = [r for r in part if r["id"] not in held_ids]
             stats[name]["heldout"] = len(part) - len(rows_by_name[name])
+        rows_by_name = pool.without_heldout(rows_by_name, stats, held, ngram)
+        train_rows = [row for part in rows_by_name.values() for row in part]
+    for name, part in rows_by_name.items():
+        stats[name]["in_pool"] = len(part)
+    if held:
         heldout_stats = {
             **new_counts(),
             "source": HELDOUT_SET,
             "name": HELDOUT_SET,
-            "rows_read": len(pool),
-            "kept": len(pool),
+            "rows_read": len(merged),
+            "kept": len(merged),
             "sampled": len(held),
             "from_sources": {name: st["heldout"] for name, st in stats.items()},
         }
@@ -144,7 +192,16 @@ def build_train(
             heldout_stats_out,
             t0,
         )
-    result = _write_split("train", params, rows_by_name, stats, train_out, stats_out, t0)
+    result = _write_split(
+        "train",
+        params,
+        rows_by_name,
+        stats,
+        train_out,
+        stats_out,
+        t0,
+        {"decontamination": {"turns_indexed": bench.turns, "ngram": ngram}},
+    )
     log.info(
         "prompts: %d training prompts, %d held out for benchmarking", len(train_rows), len(held)
     )

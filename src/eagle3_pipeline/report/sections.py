@@ -9,6 +9,7 @@ from ..bench.verdict import best_val
 from ..prompts.selection import HELDOUT_SET
 from .cells import fmt as _fmt
 from .consistency import consistency as _consistency
+from .pool import pool_blocks
 
 # ---- content ----------------------------------------------------------------------------------
 
@@ -310,6 +311,10 @@ def sections(d: dict[str, dict]) -> list[tuple[str, list]]:
             ],
         )
     )
+
+    pool = pool_blocks(prompts)
+    if pool:
+        out.append(("Training pool", pool))
 
     out.append(
         (

@@ -21,6 +21,7 @@ RESULTS_FORMAT = 1
 HIDDEN_STATES = "hidden-states"  # hidden_states/manifest.json
 EXTRACT_PART = "extract-part"  # hidden_states/parts/part_<k>.json
 SYNTH_PART = "synth-part"  # synth/parts/part_<k>.json
+WRITE_PART = "write-part"  # prompts/self_written/<name>/parts/part_<k>.json
 TRAIN_METRICS = "train-metrics"  # drafter/<method>/metrics.json
 ONLINE_MANIFEST = "online-manifest"  # its hidden_states record, online or hybrid
 ONLINE_SPEC = "online-hidden-states"  # the training process's spec, online or hybrid
@@ -30,6 +31,7 @@ WRITTEN_BY = {
     HIDDEN_STATES: "extract_gather",
     EXTRACT_PART: "extract",
     SYNTH_PART: "synth",
+    WRITE_PART: "prompts_write",
     TRAIN_METRICS: "train",
     ONLINE_MANIFEST: "train",
     ONLINE_SPEC: "train",

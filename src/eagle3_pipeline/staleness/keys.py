@@ -50,14 +50,37 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     # A prompt is kept where it fits the context its answer leaves (target.chat.ContextLimit):
     # the training pool's answers are synth's, a benchmark set's the bench's.
+    # The pool is decontaminated against the sources of prompts.bench (config.result_config
+    # adds them, without what only samples a set: a new set of a source already there re-runs
+    # nothing here).
     "prompts_train": (
         "prompts.seed",
         "prompts.max_chars",
         "prompts.train",
         "prompts.heldout",
+        "prompts.near_duplicates",
+        "prompts.decontamination_ngram",
         "vllm.max_model_len",
         "synth.max_tokens",
         "synth.chat_template_kwargs",
+    ),
+    # A self_written source's parts and their gather: besides these, the source's own writing
+    # keys (self_written.WRITE_KEYS) and, where it writes more than one turn, synth's answer
+    # keys (self_written.ANSWER_KEYS): config.result_config adds them per source.
+    "prompts_write": (
+        "prompts.seed",
+        "synth.chat_template_kwargs",
+        "synth.jobs",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.max_model_len",
+    ),
+    "prompts_write_gather": (
+        "prompts.seed",
+        "synth.chat_template_kwargs",
+        "vllm.device",
+        "vllm.dtype",
+        "vllm.max_model_len",
     ),
     "prompts_bench": (
         "prompts.seed",

@@ -33,6 +33,11 @@ class Transient(Exception):
 # ---- requests ---------------------------------------------------------------------------
 
 
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """One seed per prompt: the same prompt gets the same sample on a resumed run."""
+    return (seed + zlib.crc32(prompt_id.encode())) % (2**31)
+
+
 def request_body(prompt: dict, model: str, cfg: dict) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
@@ -43,8 +48,7 @@ def request_body(prompt: dict, model: str, cfg: dict) -> dict[str, Any]:
         "return_token_ids": True,
     }
     if cfg.get("seed") is not None:
-        # One seed per prompt: the same prompt gets the same sample on a resumed run.
-        body["seed"] = (cfg["seed"] + zlib.crc32(prompt["id"].encode())) % (2**31)
+        body["seed"] = prompt_seed(cfg["seed"], prompt["id"])
     if cfg.get("chat_template_kwargs"):
         body["chat_template_kwargs"] = cfg["chat_template_kwargs"]
     return body
@@ -77,15 +81,15 @@ def parse_response(prompt: dict, data: dict, latency_s: float) -> dict[str, Any]
     }
 
 
-async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
-    """One prompt -> one record. Transient errors (connection, timeout, 408/409/429, 5xx) have
-    been retried by the client (``synth.retries`` times, with backoff) when this raises."""
+async def post(endpoint: Endpoint, request) -> tuple[dict, float]:
+    """``(response, seconds)`` of an awaitable request to ``endpoint`` (:mod:`..server.client`);
+    a refusal raises :class:`Rejected`, anything worth retrying :class:`Transient` once the
+    client's own retries (``synth.retries``, with backoff) are spent, a dead server ServerError."""
     import openai
 
-    body = request_body(prompt, endpoint.model, cfg)
     t0 = time.monotonic()
     try:
-        data = await client_lib.chat(client, body)
+        data = await request
     except openai.APIStatusError as e:
         if 400 <= e.status_code < 500 and e.status_code not in (408, 409, 429):
             raise Rejected(f"HTTP {e.status_code}: {str(e)[:300]}") from e
@@ -94,23 +98,37 @@ async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
     except openai.APIConnectionError as e:  # timeouts included
         endpoint.check_alive()  # a dead server is fatal, not a failed prompt
         raise Transient(f"{type(e).__name__}: {e}") from e
-    return parse_response(prompt, data, time.monotonic() - t0)
+    return data, time.monotonic() - t0
+
+
+async def answer(client, endpoint: Endpoint, prompt: dict, cfg: dict) -> dict:
+    """One prompt -> one record (:func:`post`)."""
+    body = request_body(prompt, endpoint.model, cfg)
+    data, seconds = await post(endpoint, client_lib.chat(client, body))
+    return parse_response(prompt, data, seconds)
 
 
 def journaling_asker(
-    cfg: dict, journal: AppendLog, progress: Progress, max_model_len: int | None, outcome: Counter
+    cfg: dict,
+    journal: AppendLog,
+    progress: Progress,
+    max_model_len: int | None,
+    outcome: Counter,
+    request=None,
 ):
-    """``ask(client, endpoint, prompt) -> entry``: one request, its outcome journaled as it
+    """``ask(client, endpoint, prompt) -> entry``: one request (``request(client, endpoint,
+    prompt, cfg) -> record``, :func:`answer` unless given), its outcome journaled as it
     arrives under the prompt's key (a rejection also records the ``max_model_len`` it
     happened under) and counted in ``outcome``. Raises SynthError once so many requests in a
     row failed that the endpoint must be down."""
     consecutive_transient = 0
+    request = request or answer
 
     async def ask(client, endpoint: Endpoint, prompt: dict) -> dict:
         nonlocal consecutive_transient
         key = prompt_key(prompt)
         try:
-            rec = await answer(client, endpoint, prompt, cfg)
+            rec = await request(client, endpoint, prompt, cfg)
         except Rejected as e:
             entry = {
                 "status": "rejected",
