@@ -21,6 +21,7 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts
 from eagle3_pipeline.config import files as config_files
 from eagle3_pipeline.config.places import run_dir_problems
+from eagle3_pipeline.online.servers import API_KEY_ENV, listening_environment
 
 from smkcli import REPO, env_for, snakemake
 
@@ -140,6 +141,32 @@ run_job(ns, job)
         "after writing all its outputs: they are kept" in (tmp_path / "write.txt.log").read_text()
     )
     assert "interrupted; partial work is kept" in (tmp_path / "none.txt.log").read_text()
+
+
+def test_an_extraction_server_beyond_loopback_needs_a_key(tmp_path):
+    assert listening_environment("127.0.0.1", {}) == {} == listening_environment("::1", {})
+    with pytest.raises(
+        ValueError, match=f"--host 0.0.0.0 listens beyond this machine: set {API_KEY_ENV}"
+    ):
+        listening_environment("0.0.0.0", {})
+    assert listening_environment("10.0.0.5", {API_KEY_ENV: "s3cret"}) == {"VLLM_API_KEY": "s3cret"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/extraction_server.py"),
+            "--staging",
+            str(tmp_path),
+            "--host",
+            "0.0.0.0",
+            "--print",
+        ],
+        env={k: v for k, v in env_for(REPO / "src").items() if k != API_KEY_ENV},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"listens beyond this machine: set {API_KEY_ENV}" in proc.stderr
 
 
 # ---- silent accepts ------------------------------------------------------------------------
