@@ -77,12 +77,26 @@ def file_problems(paths) -> list[str]:
 
 def read(path: str | Path) -> dict:
     """A config file as the workflow reads it (never a YTE template evaluated); ConfigError for
-    a key repeated in one mapping or a file that is not one mapping."""
-    text = Path(path).read_text(encoding="utf-8")
+    text that is not YAML, a key repeated in one mapping or a file that is not one mapping."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path}: byte {e.object[e.start]:#04x} at offset {e.start} is not "
+            "UTF-8; save the file as UTF-8 text"
+        ) from None
     problems = duplicate_key_problems(text, str(path))
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
-    data = yaml.safe_load(text)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"config file {path}{line}: not valid YAML ({getattr(e, 'problem', None) or e}); "
+            "fix the file (a key and its value: `key: value`, nested keys indented)"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
