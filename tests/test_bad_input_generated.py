@@ -55,10 +55,10 @@ def write_tally():
 
 REFUSALS = {  # a fragment of the message -> what the user is told
     "truncated": "corrupt or truncated",
-    "no `prompts.train` source gave a usable row": "no usable row (each source's counts)",
+    "no `prompts.train` source gave a usable row": "no usable row",
     "has no rows": "no rows",
-    "not valid YAML": "not YAML (with its line)",
-    "given twice": "a key given twice (with both lines)",
+    "not valid YAML": "not YAML, with its line",
+    "given twice": "a key given twice, with both lines",
     "not UTF-8": "not UTF-8 text",
     "expected a mapping": "not a mapping of keys",
 }
