@@ -31,6 +31,7 @@ from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
 from ..stats import median
 from ..target.chat import context_limit
+from ..target.serving import facts_of
 from ..target.stage import load_info
 from . import features as features_lib
 from . import gate as gate_lib
@@ -436,7 +437,8 @@ def run(
     # on the CPU, whether vLLM could load the fix that makes acceptance at T > 0 right
     cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
     # in float32 speculative decoding at T = 0 must give the target's own tokens
-    exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
+    served = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"], facts_of(target["model_path"]))
+    exact = served == "float32"
     verdict = judge(runs, cpu_sampling_fix, exact_outputs=exact)
     gate_path = Path(metrics_out).with_name(gate_lib.GATE_FILE)
     gate = gate_lib.judge(runs, gate_lib.floors_for(cfg.get("gate") or {}, name), gate_path)

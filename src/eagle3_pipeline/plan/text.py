@@ -147,6 +147,9 @@ def format_plan(plan: dict) -> str:
             f"({tg['params_active'] / 1e9:,.1f}B active) from {tg['config_from']}",
         )
         add("weights", f"{_gib(tg['weight_bytes'])} ({tg['weight_bytes_from']})")
+        added = " ".join(tg.get("server_args_added") or [])
+        if tg.get("served_dtype") not in (None, "auto") or added:  # what the pipeline decided
+            add("served", f"in {tg['served_dtype']}" + (f", with {added}" if added else ""))
     if plan.get("layers"):
         ly = plan["layers"]
         add("layers", f"aux {ly['aux']} + final {ly['final']} (captured {ly['captured']})")
