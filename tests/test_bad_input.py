@@ -283,6 +283,10 @@ def test_a_model_dir_without_tokenizer_or_template_is_named(tmp_path):
     found = problems(default(target=local(bare)))
     assert any("`target.path`: " in p and "has no tokenizer" in p for p in found), found
     assert any("`target.chat_template`: " in p and "has no chat template" in p for p in found)
+    code = tmp_path / "code"  # a tokenizer shipped as code (Kimi-K2): its files are its own
+    model_dir(code).joinpath("tokenizer.json").unlink()
+    (code / "tokenizer_config.json").write_text('{"auto_map": {"AutoTokenizer": ["t.T", null]}}')
+    cfglib.validate(default(target={**local(code), "trust_remote_code": True}))
     broken = model_dir(tmp_path / "broken", template="{% for m in messages %}{{ m }}")
     message = one_problem(default(target=local(broken)))
     assert (

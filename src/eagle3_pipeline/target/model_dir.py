@@ -20,6 +20,8 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
+from .serving import tokenizer_is_remote_code
+
 SMOLLM2_135M = {  # the packaged target's shape (SmolLM2-135M-Instruct)
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -65,6 +67,8 @@ def tokenizer_problem(model_dir: Path) -> str | None:
     """Why ``model_dir`` has no tokenizer, or None."""
     files = [p.name for p in model_dir.iterdir() if p.is_file()]
     if any(n in TOKENIZER_FILES or n.endswith(TOKENIZER_SUFFIXES) for n in files):
+        return None
+    if tokenizer_is_remote_code(model_dir):  # its own code reads its files (a trust question)
         return None
     return (
         f"{str(model_dir)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}, *.model, "
