@@ -229,7 +229,7 @@ if workflow.is_main_process and global_gpus() is not None:
 
 
 def check_command_line():
-    """Called once every rule is defined (the Snakefile's end): the rule names of --until,
+    """Called at the Snakefile's end, once all rules are defined: the names given to --until,
     --omit-from and -R must be rules of this workflow, and of this extract.mode."""
     if not workflow.is_main_process:
         return
