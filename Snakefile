@@ -30,3 +30,7 @@ include: "rules/extract.smk"
 include: "rules/train.smk"
 include: "rules/bench.smk"
 include: "rules/report.smk"
+
+
+# rule names on the command line (--until, --omit-from, -R) must name rules defined above
+check_command_line()

@@ -1,7 +1,6 @@
 # Shared helpers: config validation, paths, GPU counts, what makes a stage stale.
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
@@ -29,25 +28,24 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method and 
         "otherwise (profiles/default and profiles/slurm set it)."
     )
 
-# Inside a Slurm job the allocation already owns its GPUs, and with ConstrainDevices every job
-# sees them renumbered from 0: per-node lock files named after those ids would make two jobs
-# on one node wait for each other. Locks are then kept per Slurm job (eagle3_pipeline.runtime.gpus).
-if os.getenv("SLURM_JOB_ID"):
-    os.environ.update(
-        EAGLE3_GPU_LOCK_DIR=os.path.join(
-            tempfile.gettempdir(), f"eagle3-pipeline-gpu-locks-slurm-{os.getenv('SLURM_JOB_ID')}"
-        )
-    )
-
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.target.stage import defining_files
 from eagle3_pipeline.staleness.code import code_hash, logic_modules
 from eagle3_pipeline.plan import kept
+from eagle3_pipeline.runtime import gpus as gpulib
 from eagle3_pipeline.staleness.interrupted import interrupted_targets
 
+# Inside a Slurm job the allocation already owns its GPUs, and with ConstrainDevices every job
+# sees them renumbered from 0: per-node lock files named after those ids would make two jobs
+# on one node wait for each other. Locks are then kept per Slurm job (eagle3_pipeline.runtime.gpus).
+if os.getenv("SLURM_JOB_ID"):
+    os.environ.update({gpulib.LOCK_DIR_ENV: str(gpulib.slurm_lock_dir(os.getenv("SLURM_JOB_ID")))})
+
 try:
-    cfglib.validate(config)
+    # the --config values are the only strings read as numbers; the files are read again for
+    # keys given twice, which YAML drops without a word
+    cfglib.validate(config, cli=dict(workflow.config_settings.config), files=workflow.configfiles)
 except cfglib.ConfigError as err:
     raise WorkflowError(str(err)) from None
 
@@ -238,6 +236,17 @@ if workflow.is_main_process and global_gpus() is not None:
             f"--resources gpus={max(_short.values())} or lower vllm.tensor_parallel_size / "
             "train.gpus."
         )
+
+
+def check_command_line():
+    """Called at the Snakefile's end, once all rules are defined: the names given to --until,
+    --omit-from and -R must be rules of this workflow, and of this extract.mode."""
+    if not workflow.is_main_process:
+        return
+    given = cfglib.rule_options(sys.argv[1:])
+    problems = cfglib.command_line_problems(given, [r.name for r in workflow.rules], config)
+    if problems:
+        raise WorkflowError("Invalid command line:\n  - " + "\n  - ".join(problems))
 
 
 onstart:

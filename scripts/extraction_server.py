@@ -13,6 +13,10 @@ that Mooncake store under this name, and nothing is written there.
 Takes the run's config files (config/config.yaml first, as the workflow does) and needs its
 target/target.json (the target stage done). Runs the server in the foreground until Ctrl-C;
 --print only prints the command. Then list http://<this host>:<port>/v1 in extract.endpoints.
+
+It listens on 127.0.0.1 unless --host says otherwise. Beyond this machine the server requires an
+API key (vLLM's --api-key, passed in its environment): set EAGLE3_EXTRACT_API_KEY to a secret
+here and in the environment the train jobs run in, which send it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from eagle3_pipeline import config as cfglib
     from eagle3_pipeline.methods import layer_ids_of
-    from eagle3_pipeline.online.servers import endpoint_spec
+    from eagle3_pipeline.online.servers import endpoint_spec, listening_environment
     from eagle3_pipeline.server import VllmServer
     from eagle3_pipeline.target.stage import load_info
 
@@ -35,11 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configfile", nargs="*", default=[], help="the run's config files")
     ap.add_argument("--staging", required=True, help="where the server writes its samples")
     ap.add_argument("--drafter", help="the drafter whose layers to capture (default: the first)")
-    ap.add_argument("--host", default="0.0.0.0", help="the address to listen on (all: 0.0.0.0)")
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (all: 0.0.0.0, which needs EAGLE3_EXTRACT_API_KEY)",
+    )
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--print", action="store_true", help="print the command, start nothing")
     args = ap.parse_args(argv)
 
+    try:
+        key_env = listening_environment(args.host)
+    except ValueError as e:
+        sys.exit(str(e))
     config = cfglib.load_files(args.configfile)
     drafter = args.drafter or config["train"]["methods"][0]
     target_json = Path(cfglib.run_dir(config)) / "target" / "target.json"
@@ -55,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         return 0
     Path(args.staging).mkdir(parents=True, exist_ok=True)
-    os.execve(command[0], command, server.environment())
+    os.execve(command[0], command, {**server.environment(), **key_env})
 
 
 if __name__ == "__main__":

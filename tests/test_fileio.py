@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from eagle3_pipeline.runtime.files import iter_jsonl, iter_lines, sha256_tree, write_jsonl
+from eagle3_pipeline.runtime.files import (
+    TruncatedFile,
+    atomic_path,
+    iter_byte_lines,
+    iter_jsonl,
+    iter_lines,
+    sha256_tree,
+    temporary_path,
+    write_jsonl,
+)
 from eagle3_pipeline.stats import median, percentiles
 
 
@@ -68,3 +80,36 @@ def test_reader_decodes_bad_utf8_as_told(tmp_path):
     with pytest.raises(UnicodeDecodeError):
         list(iter_lines(path))
     assert list(iter_lines(path, errors="replace"))[1] == '{"b": "\ufffd"}\n'
+
+
+def test_a_truncated_zstd_file_is_an_error_not_a_short_read(tmp_path):
+    """zstandard's own stream reader ends quietly inside a cut frame, as if the file were
+    whole: the rows past the cut would be lost without a word."""
+    rows = [{"id": f"r{i}", "text": "y" * 50} for i in range(2000)]
+    path = tmp_path / "rows.jsonl.zst"
+    write_jsonl(path, rows)
+    whole = path.read_bytes()
+    assert [json.loads(x) for x in iter_byte_lines(path)] == rows
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(TruncatedFile, match="ends inside a zstd frame: it is truncated"):
+        list(iter_lines(path))
+    path.write_bytes(whole + whole)  # two whole frames one after another are read on
+    assert len(list(iter_jsonl(path))) == 2 * len(rows)
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_writer(tmp_path):
+    target = tmp_path / "out.json"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = temporary_path(target).with_name(
+        temporary_path(target).name.rsplit("-", 1)[0] + f"-{dead.pid}"
+    )
+    stale.write_bytes(b"")  # a 0-byte file, as SIGKILL leaves it
+    live = temporary_path(target)  # this process's: it is alive, and is left alone
+    assert live.name == f".out.json.tmp-{os.uname().nodename}-{os.getpid()}"
+    other_host = tmp_path / ".out.json.tmp-elsewhere-1"
+    other_host.write_bytes(b"x")
+    with atomic_path(target) as tmp:
+        assert not stale.exists() and other_host.exists()
+        tmp.write_text("{}")
+    assert target.read_text() == "{}" and not live.exists()

@@ -174,3 +174,48 @@ def test_a_killed_holder_frees_its_devices(tmp_path):
     a.wait(timeout=30)
     assert wait_for(out_b).split()[0] == "0,1"
     release(out_b, b)
+
+
+# ---- a machine shared by several users -----------------------------------------------------
+
+
+def test_lock_dir_is_the_users_own_and_created_private(tmp_path, monkeypatch):
+    monkeypatch.delenv(gpus.LOCK_DIR_ENV, raising=False)
+    assert gpus.default_lock_dir().name == f"eagle3-pipeline-gpu-locks-{os.getuid()}"
+    assert gpus.default_lock_dir({gpus.LOCK_DIR_ENV: "/x"}) == Path("/x")
+    locks = tmp_path / "locks"
+    with gpus.GpuLease(1, devices=["0"], lock_dir=locks, poll_s=0.05):
+        assert (locks.stat().st_mode & 0o777) == 0o700
+        assert (locks / "gpu-0.lock").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda p: p.mkdir(mode=0o777) or p.chmod(0o777), "can be written by other users"),
+        (lambda p: p.symlink_to(p.with_name("real"), target_is_directory=True), "symbolic link"),
+        (lambda p: p.write_text(""), "is not a directory"),
+    ],
+)
+def test_a_lock_dir_others_could_change_is_refused(tmp_path, make, fragment):
+    (tmp_path / "real").mkdir(mode=0o700)
+    locks = tmp_path / "locks"
+    make(locks)
+    lease = gpus.GpuLease(1, devices=["0"], lock_dir=locks, poll_s=0.05)
+    with pytest.raises(gpus.GpuAllocationError) as err, lease:
+        pass
+    assert fragment in str(err.value) and gpus.LOCK_DIR_ENV in str(err.value)
+
+
+def test_a_planted_link_as_lock_file_truncates_nothing(tmp_path):
+    """Another user's link at a lock file's path would make the job truncate the file it
+    points to (a lock file is truncated and given the holder's PID when taken)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    (locks / "gpu-0.lock").symlink_to(victim)
+    lease = gpus.GpuLease(1, devices=["0"], lock_dir=locks, poll_s=0.05)
+    with pytest.raises(gpus.GpuAllocationError, match=r"gpu-0\.lock is a symbolic link"), lease:
+        pass
+    assert victim.read_text() == "precious"

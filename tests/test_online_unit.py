@@ -248,7 +248,8 @@ def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypa
 
 def test_the_extraction_server_script_serves_what_the_train_job_reads(tmp_path, target_json):
     """scripts/extraction_server.py --print: the run's target with the pipeline's connector,
-    the layers its drafter trains on, writing under --staging, listening beyond this host."""
+    the layers its drafter trains on, writing under --staging, listening on this host only
+    unless told (tests/test_bad_input.py: beyond it, with a key)."""
     import json
     import os
     import shutil
@@ -283,7 +284,9 @@ def test_the_extraction_server_script_serves_what_the_train_job_reads(tmp_path, 
         check=True,
     ).stdout
     args = out.split()
-    assert args[args.index("--host") + 1] == "0.0.0.0" and args[args.index("--port") + 1] == "8123"
+    assert (
+        args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "8123"
+    )
     spec = json.loads(out[out.index("--speculative-config") :].split("'")[1])
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [
         2,

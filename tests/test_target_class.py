@@ -23,7 +23,23 @@ KIMI = json.loads((REPO / "tests/data/models/kimi-k2.5/config.json").read_text()
 LLAMA = json.loads((REPO / "tests/data/models/llama-3.1-8b/config.json").read_text())
 
 
-STAND_IN = REPO / "tests/data/models/kimi-k2.5"  # the published config.json alone
+def stand_in(model: Path) -> Path:
+    """``model``: the published config.json, and the files the config check asks of a model
+    directory (a tokenizer and a chat template; nothing here reads them)."""
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(KIMI))
+    (model / "tokenizer.json").write_text("{}")
+    (model / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    return model
+
+
+STAND_IN = Path()  # the stand-in model directory, made once for the module (stand_in_dir)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stand_in_dir(tmp_path_factory):
+    global STAND_IN
+    STAND_IN = stand_in(tmp_path_factory.mktemp("kimi-stand-in"))
 
 
 def kimi_cfg(**sections) -> dict:
@@ -112,9 +128,7 @@ def test_remote_code_tokenizer_is_read_from_the_model_dir(tmp_path):
     ],
 )
 def test_the_plan_refuses_before_any_job(tmp_path, sections, refused):
-    model = tmp_path / "kimi"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(KIMI))
+    model = stand_in(tmp_path / "kimi")
     cfg = kimi_cfg(target={"path": str(model)}, **sections)
     plan = planlib.make_plan(cfg, Path(tmp_path) / "results" / "kimi")
     checks = {p["check"] for p in plan["problems"]}

@@ -35,9 +35,12 @@ def by_rule(jobs):
 
 @pytest.fixture(scope="module")
 def fake_model_dir(tmp_path_factory) -> Path:
-    """Stands in for a local model: the config check only wants a directory with config.json."""
+    """Stands in for a local model: the config check only wants a directory with config.json,
+    a tokenizer and a chat template (no job reads them here)."""
     d = tmp_path_factory.mktemp("fake-model")
     (d / "config.json").write_text("{}")
+    (d / "tokenizer.json").write_text("{}")
+    (d / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     return d
 
 

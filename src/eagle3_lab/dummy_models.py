@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from eagle3_pipeline.plan.model_shape import SMOLLM2_135M
+from eagle3_pipeline.target.model_dir import SMOLLM2_135M
 
 LLAMA_8B = {  # Llama-3.1-8B: 4 captured layers x 4096 x bf16 = 32 KiB a token
     "architectures": ["LlamaForCausalLM"],

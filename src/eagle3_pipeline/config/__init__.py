@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import jsonschema
-import yaml
 
 from .. import methods
 from ..bench.settings import bench_chat_template_kwargs, bench_sets, speculative_tokens
@@ -17,6 +16,7 @@ from ..prompts.selection import HELDOUT_SET
 from ..prompts.sources import bench_set_spec, prompt_files
 from ..runtime.errors import ConfigError
 from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS
+from . import files as config_files
 from .checks import (
     check_semantics,
     method_problems,
@@ -24,6 +24,7 @@ from .checks import (
     resolve_train_gpus,
     variant_problems,
 )
+from .command_line import command_line_problems, rule_options
 from .params import (
     decontamination_sources,
     result_config,
@@ -31,7 +32,7 @@ from .params import (
     self_written_spec,
     sort_keys,
 )
-from .schema import SCHEMA_PATH, coerce_cli_strings, load_schema, problems_of
+from .schema import SCHEMA_PATH, at, coerce_cli_strings, load_schema, problems_of
 from .values import (
     drafter_names,
     extraction_server_gpus,
@@ -59,6 +60,7 @@ __all__ = [
     "bench_sets",
     "check_semantics",
     "coerce_cli_strings",
+    "command_line_problems",
     "decontamination_sources",
     "deep_update",
     "drafter_names",
@@ -76,6 +78,7 @@ __all__ = [
     "prompt_files",
     "resolve_train_gpus",
     "result_config",
+    "rule_options",
     "run_dir",
     "self_written_names",
     "self_written_spec",
@@ -108,23 +111,31 @@ def drafter_train_config(config: dict, drafter: str) -> dict:
     return train_job_section(config, result_config(config, "train", method=drafter))
 
 
-def validate(config: dict) -> dict:
+def validate(config: dict, cli: dict | None = None, files=()) -> dict:
     """Validate ``config`` in place (filling defaults) and run the cross-key checks.
 
     Raises ConfigError naming each offending key and what is expected: every problem at once,
     an unknown key with the nearest known one. Snakemake's own ``validate`` fills the defaults
     once the config is valid (it stops at the first error, with jsonschema's message).
+
+    ``cli``: the values given with ``snakemake --config`` (None: every value may be one), the
+    only strings read as the numbers or booleans they spell (Snakemake hands them over as
+    strings); a quoted value in a file stays what it is. ``files``: the config files the
+    config was read from, checked for keys given twice (:mod:`.files`).
     """
     from snakemake.utils import validate as fill_defaults
 
     schema = load_schema()
-    coerce_cli_strings(config, schema)
-    for variant in ((config.get("train") or {}).get("variants") or {}).values():
+    problems = config_files.file_problems(files)
+    coerce_cli_strings(config, schema, cli)
+    for name, variant in ((config.get("train") or {}).get("variants") or {}).items():
         if isinstance(variant, dict):  # typed by the train section it is laid over
             own = {"train": {k: v for k, v in variant.items() if k != "method"}}
-            variant.update(coerce_cli_strings(own, schema)["train"])
+            given = None if cli is None else {"train": at(cli, ("train", "variants", name))}
+            variant.update(coerce_cli_strings(own, schema, given)["train"])
+    problems += config_files.non_finite_problems(config)
     errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    problems = [
+    problems += [
         p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in problems_of(e)
     ]
     explicit_cpu_training = (config.get("train") or {}).get("gpus") == 0
@@ -142,11 +153,12 @@ def validate(config: dict) -> dict:
 
 
 def load(path: str | Path, overrides: dict | None = None) -> dict:
-    """Read a YAML config file, apply overrides (nested dicts), validate."""
-    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    """Read a YAML config file, apply overrides (nested dicts), validate (strings of the
+    overrides read as command-line values)."""
+    cfg = config_files.read(path)
     if overrides:
         deep_update(cfg, overrides)
-    return validate(cfg)
+    return validate(cfg, cli=overrides or {})
 
 
 DEFAULT_PATH = SCHEMA_PATH.with_name("config.yaml")
@@ -156,10 +168,10 @@ def load_files(paths: list[str | Path]) -> dict:
     """The config a Snakemake run with ``--configfile PATHS`` gets: the workflow's
     config/config.yaml, then each file merged over it in order (nested keys merged, lists
     replaced), validated."""
-    cfg = yaml.safe_load(DEFAULT_PATH.read_text()) or {}
+    cfg = config_files.read(DEFAULT_PATH)
     for path in paths:
-        deep_update(cfg, yaml.safe_load(Path(path).read_text()) or {})
-    return validate(cfg)
+        deep_update(cfg, config_files.read(path))
+    return validate(cfg, cli={})
 
 
 def deep_update(base: dict, other: dict) -> dict:

@@ -3,22 +3,28 @@ after the schema accepted it; each problem a readable line naming its key)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jsonschema
 
 from .. import methods
 from ..bench.gate import config_problems as gate_problems
-from ..bench.settings import speculative_tokens
+from ..bench.settings import bench_sets, speculative_tokens
 from ..engine.cpu_fixes import installed as cpu_fix_installed
 from ..hidden_states import mooncake
 from ..prompts.selection import HELDOUT_SET, turns_problem
-from ..prompts.sources import source_name
+from ..prompts.sources import prompt_file_problem, source_name
 from ..self_written.conversations import TOPIC
 from ..self_written.stage import WRITE_KEYS
+from ..target.model_dir import model_dir_problems, shape_problems
 from ..train.trainer_config import device_problems
+from .places import run_dir_problems
 from .schema import load_schema, problems_of
 from .values import server_gpus
+
+# a prompt source's name is part of file names (the schema's pattern of `name`)
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
@@ -42,20 +48,8 @@ def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
 
 def check_semantics(cfg: dict) -> list[str]:
     """Checks that span keys or touch the file system; each returns a readable problem."""
-    problems: list[str] = []
-    t = cfg["target"]
-    if t["source"] in ("local", "hub") and not t["path"]:
-        problems.append(
-            f"config key `target.path`: required when target.source is "
-            f"{t['source']!r} (a model directory or hub id)"
-        )
-    if t["source"] == "local" and t["path"]:
-        p = Path(t["path"]).expanduser()
-        if not (p / "config.json").is_file():
-            problems.append(
-                f"config key `target.path`: {str(p)!r} is not a model directory "
-                "(no config.json there)"
-            )
+    problems: list[str] = run_dir_problems(cfg)
+    problems += target_problems(cfg)
 
     if cfg["vllm"]["device"] == "cpu" and cfg["vllm"]["tensor_parallel_size"] != 1:
         problems.append(
@@ -88,8 +82,8 @@ def check_semantics(cfg: dict) -> list[str]:
                         f"config key `{where}.path`: required for source 'file' "
                         "(a JSONL(.zst) or Parquet file)"
                     )
-                elif not Path(src["path"]).expanduser().is_file():
-                    problems.append(f"config key `{where}.path`: file {src['path']!r} not found")
+                elif wrong_file := prompt_file_problem(src["path"]):
+                    problems.append(f"config key `{where}.path`: {wrong_file}")
             split = key.rpartition(".")[2]  # train or bench
             wrong = turns_problem(src["source"], split, src.get("multi_turn"), src.get("each_turn"))
             if wrong:
@@ -98,6 +92,12 @@ def check_semantics(cfg: dict) -> list[str]:
             if src["source"] == "file" and not src.get("path"):
                 continue
             name = source_name(src)
+            if not src.get("name") and not NAME_PATTERN.match(name):
+                problems.append(
+                    f"config key `{where}.path`: the source's name would be {name!r}, from its "
+                    "file name, which output file names cannot hold; give it a `name` of "
+                    "letters, digits, '_' and '-'"
+                )
             if name in names:
                 problems.append(f"config key `{where}.name`: {name!r} is used twice")
             names.add(name)
@@ -112,6 +112,12 @@ def check_semantics(cfg: dict) -> list[str]:
         )
     elif cfg["prompts"]["heldout"]:
         bench_names.add(HELDOUT_SET)
+    if not bench_sets(cfg):
+        problems.append(
+            "config key `bench.prompt_sets`: empty, and prompts.heldout is 0: the bench stage "
+            "would measure no prompts. Name sets of prompts.bench here, set prompts.heldout, "
+            "or stop before the bench (--until train)"
+        )
     for name in cfg["bench"]["prompt_sets"]:
         if name not in bench_names:
             problems.append(
@@ -131,6 +137,14 @@ def check_semantics(cfg: dict) -> list[str]:
             f"config key `extract.layer_ids`: must be in increasing order, got {layer_ids}"
         )
 
+    for key in ("synth.max_tokens", "bench.max_tokens"):
+        section, name = key.split(".")
+        if cfg[section][name] >= cfg["vllm"]["max_model_len"]:
+            problems.append(
+                f"config key `{key}`: {cfg[section][name]} leaves no room for a prompt in "
+                f"vllm.max_model_len {cfg['vllm']['max_model_len']} (a prompt and its answer "
+                f"share it): lower {key} or raise vllm.max_model_len"
+            )
     if cfg["prepare"]["seq_length"] > cfg["vllm"]["max_model_len"]:
         problems.append(
             "config key `prepare.seq_length`: must not exceed vllm.max_model_len "
@@ -170,6 +184,35 @@ def self_written_problems(where: str, split: str, src: dict) -> list[str]:
     return []
 
 
+def target_problems(cfg: dict) -> list[str]:
+    """The target's keys together and its model directory: a path where the source reads
+    none, a local directory without config.json, tokenizer or a valid chat template, and the
+    keys bounded by its config.json (:mod:`eagle3_pipeline.target.model_dir`)."""
+    t = cfg["target"]
+    if t["source"] in ("local", "hub") and not t["path"]:
+        return [
+            f"config key `target.path`: required when target.source is "
+            f"{t['source']!r} (a model directory or hub id)"
+        ]
+    if t["source"] == "packaged" and t["path"]:
+        return [
+            f"config key `target.path`: {t['path']!r} is not used with target.source "
+            "'packaged' (the default: the packaged SmolLM2-135M-Instruct); set target.source: "
+            "local for a model directory (hub for a hub id), or leave target.path out"
+        ]
+    if t["revision"] and t["source"] != "hub":
+        return [
+            f"config key `target.revision`: only used with target.source 'hub' (the source is "
+            f"{t['source']!r}); leave it out"
+        ]
+    if t["source"] == "local" and not (Path(t["path"]).expanduser() / "config.json").is_file():
+        return [
+            f"config key `target.path`: {str(Path(t['path']).expanduser())!r} is not a model "
+            "directory (no config.json there)"
+        ]
+    return model_dir_problems(t) + shape_problems(cfg, t)
+
+
 def notes(cfg: dict) -> list[str]:
     """What a valid config does that its writer may not expect: a readable line each, naming
     its key (the workflow prints them before any job; none stops a run)."""
@@ -183,7 +226,42 @@ def notes(cfg: dict) -> list[str]:
             "source keeps a conversation's earlier turns (multi_turn or each_turn), so every "
             "prompt is one user turn, asked the same in either context"
         )
+    return out + ignored_key_notes(cfg)
+
+
+# extract keys read in one storage of the hidden states only: stored (the extract jobs) or
+# online and hybrid (the train jobs' own extraction)
+STORED_ONLY = ("jobs", "concurrency", "reference_forward")
+ONLINE_ONLY = ("servers", "colocate", "colocated_gpu_memory", "endpoints", "transport", "mooncake")
+READ_IN = {"hybrid_disk_gib": "hybrid"}
+
+
+def ignored_key_notes(cfg: dict) -> list[str]:
+    """extract keys set other than their defaults that extract.mode ignores: a run compares
+    the modes over one config, so they are no error, but the user should know."""
+    x, mode = cfg["extract"], cfg["extract"]["mode"]
+    schema = load_schema()["properties"]["extract"]["properties"]
+    ignored = {
+        "stored": (*ONLINE_ONLY, "hybrid_disk_gib"),
+        "online": (*STORED_ONLY, "hybrid_disk_gib"),
+        "hybrid": STORED_ONLY,
+    }[mode]
+    out = []
+    for key in ignored:
+        if x[key] != _default(schema[key]):
+            used = READ_IN.get(key, "stored" if key in STORED_ONLY else "online and hybrid")
+            out.append(
+                f"config key `extract.{key}`: {x[key]!r} changes nothing with extract.mode "
+                f"{mode}; it is read in {used} mode only"
+            )
     return out
+
+
+def _default(schema: dict):
+    """A key's default as the config has it once filled (an object's: its properties')."""
+    if "properties" in schema:
+        return {k: _default(v) for k, v in schema["properties"].items()}
+    return schema.get("default")
 
 
 def synth_split_problems(cfg: dict) -> list[str]:
@@ -192,8 +270,15 @@ def synth_split_problems(cfg: dict) -> list[str]:
     s, problems = cfg["synth"], []
     counts = [src.get("n") for src in cfg["prompts"]["train"]]
     each_turn = any(src.get("each_turn") for src in cfg["prompts"]["train"])
-    if None not in counts and not each_turn:
-        prompts = max(sum(counts) - cfg["prompts"]["heldout"], 0)
+    heldout = cfg["prompts"]["heldout"]
+    if None not in counts and heldout and heldout >= sum(counts):
+        problems.append(
+            f"config key `prompts.heldout`: {heldout} held-out prompts leave none of the at "
+            f"most {sum(counts)} prompts of prompts.train (their n) to train on; lower it "
+            "(0 disables the held-out set) or sample more prompts"
+        )
+    elif None not in counts and not each_turn:
+        prompts = max(sum(counts) - heldout, 0)
         if s["jobs"] > prompts:
             problems.append(
                 f"config key `synth.jobs`: {s['jobs']} jobs for at most {prompts} prompts "

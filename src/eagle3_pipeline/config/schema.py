@@ -100,13 +100,29 @@ def problems_of(error: jsonschema.ValidationError) -> list[str]:
     return lines
 
 
-def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict:
+def at(tree: Any, path) -> Any:
+    """The value at ``path`` (keys and list indices) of nested dicts and lists, or None."""
+    for part in path:
+        found = isinstance(tree, dict) and part in tree
+        found |= isinstance(tree, list) and isinstance(part, int) and part < len(tree)
+        if not found:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def coerce_cli_strings(
+    config: dict, schema: dict, cli: dict | None = None, max_rounds: int = 50
+) -> dict:
     """Turn strings back into the numbers/booleans/nulls they spell, where the schema wants those.
 
     ``snakemake --config 'vllm={tensor_parallel_size: 8}'`` parses nested values with YAML's
     BaseLoader, so every nested scalar arrives as a string (``'8'``, ``'true'``). A string is
     replaced by ``yaml.safe_load(string)`` only where the schema rejects the string and accepts
-    the parsed value, so strings the schema wants (paths, names, ``auto``) are left alone.
+    the parsed value, so strings the schema wants (paths, names, ``auto``) are left alone; and
+    only where ``cli`` (the ``--config`` values; None: anywhere) holds that same string: a
+    value quoted in a config file (``trust_remote_code: "on"``) is the string it says, which
+    the schema then refuses.
     """
     validator = jsonschema.Draft202012Validator(schema)
     for _ in range(max_rounds):
@@ -115,6 +131,8 @@ def coerce_cli_strings(config: dict, schema: dict, max_rounds: int = 50) -> dict
             path = list(error.absolute_path)
             if not path or not isinstance(error.instance, str):
                 continue
+            if cli is not None and at(cli, path) != error.instance:
+                continue  # not given on the command line
             value = _scalar_from_string(error.instance)
             if isinstance(value, str):
                 continue

@@ -3,12 +3,15 @@ capture (:func:`served_layers`), their GPUs beside the trainer's or on them
 (:func:`endpoint_gpus`, :func:`trainer_devices`), the servers started for the job or those of
 ``extract.endpoints`` (:func:`extraction_endpoints`), the Mooncake master they and the trainer
 join (:func:`with_mooncake_master`), and the server an ``extract.endpoints`` entry must be
-(:func:`endpoint_spec`, for scripts/extraction_server.py)."""
+(:func:`endpoint_spec`, for scripts/extraction_server.py) and the key it asks for where it
+listens beyond its host (:func:`listening_environment`)."""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +22,38 @@ from ..hidden_states.layers import resolve_layers
 from ..server import VllmServer, external_endpoint
 
 log = logging.getLogger(__name__)
+
+# the environment variable holding the API key of the extraction servers of extract.endpoints:
+# a server listening beyond its host requires it, and a train job sends it where it is set
+API_KEY_ENV = "EAGLE3_EXTRACT_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name to listen on) reaches this host only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listening_environment(host: str, env: dict | None = None) -> dict[str, str]:
+    """What an extraction server listening on ``host`` adds to its environment: beyond
+    loopback, vLLM's API key (``VLLM_API_KEY``, the environment form of ``--api-key``: kept off
+    the command line, which other users of the machine can read) from $EAGLE3_EXTRACT_API_KEY.
+    ValueError where that is unset: a server on the network without one lets anyone who
+    reaches it run the model and write files into its staging directory."""
+    env = os.environ if env is None else env
+    if is_loopback(host):
+        return {}
+    if not env.get(API_KEY_ENV):
+        raise ValueError(
+            f"--host {host} listens beyond this machine: set {API_KEY_ENV} to a secret key "
+            "(the server then requires it, and train jobs run with the same variable send it), "
+            "or listen on 127.0.0.1 (the default)"
+        )
+    return {"VLLM_API_KEY": env[API_KEY_ENV]}
 
 
 def served_layers(target: dict, extract_cfg: dict, own_layers: list[int] | None) -> dict:
@@ -86,9 +121,10 @@ def extraction_endpoints(
     stopped on exit."""
     if extract_cfg["endpoints"]:
         found = []
+        key_env = API_KEY_ENV if os.environ.get(API_KEY_ENV) else None
         for url in extract_cfg["endpoints"]:
-            ep = external_endpoint(url)
-            found.append({"base_url": ep.base_url, "model": ep.model})
+            ep = external_endpoint(url, api_key_env=key_env)
+            found.append({"base_url": ep.base_url, "model": ep.model, "api_key_env": key_env})
         log.info("extraction servers of extract.endpoints: %s", [e["base_url"] for e in found])
         yield found
         return

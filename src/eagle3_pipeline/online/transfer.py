@@ -89,7 +89,10 @@ class OnlineTransfer(HiddenStatesTransfer):
         async def clients():
             return [
                 client_lib.async_client(
-                    e["base_url"], timeout=s["request_timeout_s"], max_retries=0
+                    e["base_url"],
+                    api_key=os.environ.get(e.get("api_key_env") or "") or None,
+                    timeout=s["request_timeout_s"],
+                    max_retries=0,
                 )
                 for e in s["endpoints"]
             ]

@@ -14,24 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..target import default_layer_ids
-
-SMOLLM2_135M = {  # the packaged target's shape (SmolLM2-135M-Instruct)
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "head_dim": 64,
-    "vocab_size": 49152,
-    "max_position_embeddings": 8192,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "hidden_act": "silu",
-}
+from ..target.model_dir import SMOLLM2_135M
 
 # the packaged target's shape before the target job has written its config.json
 PACKAGED_CONFIG = SMOLLM2_135M

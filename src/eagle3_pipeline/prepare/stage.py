@@ -39,7 +39,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..runtime import Progress
-from ..runtime.files import iter_lines, sha256_file, stable_hash, write_json
+from ..runtime.files import (
+    iter_lines,
+    remove_stale_temporaries,
+    sha256_file,
+    stable_hash,
+    temporary_path,
+    write_json,
+)
 from ..runtime.provenance import provenance
 from ..stats import percentiles
 
@@ -261,7 +268,8 @@ def build_dataset(
     if seq_length < 1:
         raise ValueError(f"seq_length must be >= 1, got {seq_length}")
     dataset_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dataset_dir.with_name(f".{dataset_dir.name}.tmp-{os.getpid()}")
+    remove_stale_temporaries(dataset_dir)
+    tmp = temporary_path(dataset_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

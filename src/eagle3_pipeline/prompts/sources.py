@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime.files import iter_lines, sha256_file
+import zstandard
+
+from ..runtime.files import TruncatedFile, iter_byte_lines, sha256_file
 from .rows import Malformed
+
+log = logging.getLogger(__package__)
 
 
 def source_name(spec: dict) -> str:
@@ -191,15 +196,46 @@ def iter_sharegpt(path: str | Path | None = None, info: dict | None = None) -> I
     return iter_json_array(path or packaged_file("sharegpt"), info)
 
 
+# what a prompt file may be, by the end of its name (:func:`iter_file_rows`)
+JSONL_SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.gz", ".ndjson")
+PROMPT_FILE_SUFFIXES = (*JSONL_SUFFIXES, ".parquet")
+# the first bytes of a file of each compression (a file named so that starts otherwise is not one)
+MAGIC = {".zst": b"\x28\xb5\x2f\xfd", ".gz": b"\x1f\x8b", ".parquet": b"PAR1"}
+# bad lines of a file named one by one in the job's log (the stats count them all)
+LOGGED_BAD_LINES = 10
+
+
 def iter_jsonl_rows(path: str | Path) -> Iterator[Any]:
-    """Parsed rows of a JSONL(.zst/.gz) file; a line that is not JSON yields a Malformed."""
-    for line in iter_lines(path):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError as e:
-            yield Malformed(f"invalid JSON ({e.msg})")
+    """Parsed rows of a JSONL(.zst/.gz) file. A line that is not UTF-8 text or not JSON yields
+    a Malformed (skipped and counted by the prompts stage), named with its line in the job's
+    log; a file that cannot be read on (a corrupt or truncated compressed file) raises
+    ValueError naming it and the line it got to."""
+    path = Path(path)
+    bad = 0
+    number = 0
+    try:
+        for number, line in enumerate(iter_byte_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                row = Malformed("not UTF-8 text")
+                detail = f"byte {line[e.start]:#04x} at column {e.start + 1} is not UTF-8"
+            except json.JSONDecodeError as e:
+                row = Malformed(f"invalid JSON ({e.msg})")
+                detail = f"{e.msg} at column {e.colno}"
+            if isinstance(row, Malformed):
+                bad += 1
+                if bad <= LOGGED_BAD_LINES:
+                    log.warning("prompt file %s line %d: %s: skipped", path, number, detail)
+            yield row
+    except (TruncatedFile, zstandard.ZstdError, OSError, EOFError) as e:
+        raise ValueError(
+            f"prompt file {path}: past line {number}: {_unreadable('JSONL', e)}"
+        ) from None
+    if bad > LOGGED_BAD_LINES:
+        log.warning("prompt file %s: %d lines skipped in all", path, bad)
 
 
 def iter_file_rows(path: str | Path) -> Iterator[Any]:
@@ -207,18 +243,84 @@ def iter_file_rows(path: str | Path) -> Iterator[Any]:
     path = Path(path).expanduser()
     name = path.name.lower()
     if name.endswith(".parquet"):
-        import polars as pl
-
-        cols = [c for c in ("id", "messages", "prompt") if c in pl.read_parquet_schema(path)]
-        if not cols:
-            raise ValueError(f"{path}: a prompt file needs a `messages` or `prompt` column")
-        yield from pl.read_parquet(path, columns=cols).iter_rows(named=True)
-    elif name.endswith((".jsonl", ".jsonl.zst", ".jsonl.gz", ".ndjson")):
+        yield from iter_parquet_rows(path)
+    elif name.endswith(JSONL_SUFFIXES):
         yield from iter_jsonl_rows(path)
     else:
+        raise ValueError(f"{path}: {unsupported_type(path)}")
+
+
+def parquet_columns(path: Path) -> list[str]:
+    """The prompt columns (id, messages, prompt) of a Parquet file, from its footer; a file
+    that is not Parquet, or has neither messages nor prompt, raises ValueError naming it."""
+    import polars as pl
+
+    try:
+        schema = pl.read_parquet_schema(path)
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise ValueError(f"prompt file {path}: {_unreadable('Parquet', e)}") from None
+    cols = [c for c in ("id", "messages", "prompt") if c in schema]
+    if not cols:
         raise ValueError(
-            f"{path}: unsupported prompt file type (use .jsonl, .jsonl.zst or .parquet)"
+            f"prompt file {path}: a prompt file needs a `messages` or `prompt` column "
+            f"(it has {', '.join(schema) or 'none'})"
         )
+    return cols
+
+
+def iter_parquet_rows(path: Path) -> Iterator[dict]:
+    """The rows of a Parquet prompt file (its id, messages and prompt columns); ValueError
+    naming the file where it cannot be read."""
+    import polars as pl
+
+    cols = parquet_columns(path)
+    try:
+        frame = pl.read_parquet(path, columns=cols)
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise ValueError(f"prompt file {path}: {_unreadable('Parquet', e)}") from None
+    yield from frame.iter_rows(named=True)
+
+
+def _unreadable(kind: str, err: Exception) -> str:
+    return (
+        f"cannot be read as {kind} ({str(err)[:300]}): a corrupt or truncated file; write it "
+        "again, or point the source's `path` at a whole copy"
+    )
+
+
+def unsupported_type(path: Path) -> str:
+    return (
+        f"unsupported prompt file type {''.join(path.suffixes) or '(no extension)'!r}: use "
+        f"{', '.join(PROMPT_FILE_SUFFIXES)} (a .json array: one object a line makes it .jsonl)"
+    )
+
+
+def prompt_file_problem(path: str | Path) -> str | None:
+    """What makes ``path`` unusable as a prompt file, from its name and first bytes (cheap, for
+    the config check before any job): missing, not a file, an unsupported type, or content
+    that is not what its name says (a .zst that is not zstd, a Parquet file without its
+    footer or without a messages/prompt column). None when it may be read; its rows are
+    judged by the prompts job."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        return f"file {str(path)!r} not found"
+    if not path.is_file():
+        return f"{str(path)!r} is not a file"
+    if not path.name.lower().endswith(PROMPT_FILE_SUFFIXES):
+        return unsupported_type(path)
+    magic = next((m for end, m in MAGIC.items() if path.name.lower().endswith(end)), None)
+    if magic is not None:
+        with open(path, "rb") as fh:
+            head = fh.read(len(magic))
+        if head != magic:
+            kind = path.suffix.lower().lstrip(".")
+            return f"{str(path)!r} is not a {kind} file (it starts with {head!r})"
+    if path.name.lower().endswith(".parquet"):
+        try:
+            parquet_columns(path)
+        except ValueError as e:
+            return str(e).removeprefix("prompt file ")
+    return None
 
 
 FILE_LICENCE = "the file's own: not known to the pipeline"

@@ -106,7 +106,16 @@ def _write_split(
     """Write one output file (the training pool or one benchmark set) and its stats."""
     rows = [row for part in rows_by_name.values() for row in part]
     if not rows:
-        raise ValueError(f"no {split} prompts: every `prompts.{split}` source gave 0 rows")
+        given = "; ".join(
+            f"{name} ({st.get('path') or st['source']}): {st['rows_read']} rows read, "
+            + (", ".join(f"{k} {v}" for k, v in st["skipped"].items() if v) or "none bad")
+            + f", {st['duplicates']} duplicates"
+            for name, st in stats.items()
+        )
+        raise ValueError(
+            f"no {split} prompts: no `prompts.{split}` source gave a usable row ({given}); "
+            f"point prompts.{split} at prompts that are not empty, too long or malformed"
+        )
     ids = [r["id"] for r in rows]
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids are not unique")  # guarded above; never expected

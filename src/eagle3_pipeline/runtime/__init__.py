@@ -50,7 +50,10 @@ def run_job(snakemake: Any, fn: Callable[..., Any], gpus_needed: int = 0) -> Any
     """Run ``fn(input, output, params, log_path)`` as a Snakemake script job.
 
     SIGTERM (Snakemake cancelling, Slurm time limits) becomes KeyboardInterrupt so that context
-    managers - above all a managed vLLM server - shut down cleanly.
+    managers - above all a managed vLLM server - shut down cleanly. A job stopped once every
+    declared output is written (each is written last and atomically: there, it is complete),
+    e.g. while its server shuts down, has done its work: it ends successfully, so that
+    Snakemake keeps those outputs instead of deleting them as a failed job's.
     """
     log_path = snakemake.log[0] if len(snakemake.log) else None
     setup_logging(log_path)
@@ -60,13 +63,26 @@ def run_job(snakemake: Any, fn: Callable[..., Any], gpus_needed: int = 0) -> Any
     try:
         require_gpus(gpus_needed, granted, rule)
         with GpuLease(gpus_needed):
-            return fn(snakemake.input, snakemake.output, snakemake.params, log_path)
-    except KeyboardInterrupt:
+            result = fn(snakemake.input, snakemake.output, snakemake.params, log_path)
+    except KeyboardInterrupt as stop:
+        if outputs_complete(snakemake.output):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            log.warning("%s stopped (%s) after writing all its outputs: they are kept", rule, stop)
+            return None
         log.error("%s interrupted; partial work is kept and the next run resumes from it", rule)
         raise
     except Exception:
         log.exception("%s failed", rule)
         raise
+    # done: a stop signal now (the interpreter exiting) must not turn the job into a failure
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return result
+
+
+def outputs_complete(outputs: Any) -> bool:
+    """Whether every declared output of a job exists (a job with none has none complete)."""
+    paths = [Path(p) for p in outputs]
+    return bool(paths) and all(p.exists() for p in paths)
 
 
 async def for_each(items, fn, concurrency: int) -> None:

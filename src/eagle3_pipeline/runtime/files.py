@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import gzip
 import hashlib
 import io
 import json
 import os
+import shutil
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,15 +18,58 @@ from typing import Any
 import zstandard
 
 
+def temporary_path(path: str | os.PathLike) -> Path:
+    """The hidden path beside ``path`` that this process writes before moving it into place:
+    ``.<name>.tmp-<host>-<pid>``, so that a temporary a killed writer left is known as such
+    (:func:`remove_stale_temporaries`)."""
+    path = Path(path)
+    return path.with_name(f"{_temporary_prefix(path)}{os.getpid()}")
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-{socket.gethostname()}-"
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries of ``path`` (:func:`temporary_path`) whose writer on this host is
+    gone: a writer killed with SIGKILL (or by the machine) cannot remove its own. Those of live
+    processes and of other hosts (a shared file system) are left alone. Returns the removed."""
+    path = Path(path)
+    prefix = _temporary_prefix(path)
+    removed = []
+    for tmp in path.parent.glob(glob.escape(prefix) + "*"):
+        pid = tmp.name[len(prefix) :]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success move it into place in one step.
 
     Readers therefore see either the old file or the complete new one, never a partial one.
+    Temporaries of ``path`` that killed writers left are removed first.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_stale_temporaries(path)
+    tmp = temporary_path(path)
     try:
         yield tmp
         if tmp.exists():
@@ -60,6 +106,62 @@ def write_jsonl_zst(path: str | os.PathLike, rows: Iterable[dict], level: int = 
     return n
 
 
+class TruncatedFile(ValueError):
+    """A compressed file that ends inside a frame or member: it was not written whole."""
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every zstd frame of ``raw``, one after another. A stream that
+    ends inside a frame raises :class:`TruncatedFile` (zstandard's own reader ends quietly
+    there, as if the file were whole)."""
+
+    def __init__(self, raw: Any, name: str, chunk: int = 1 << 16):
+        self.raw, self.name, self.chunk = raw, name, chunk
+        self._obj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
+        self._in_frame = False
+        self._out, self._pos = memoryview(b""), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self._pos == len(self._out):
+            data = self.raw.read(self.chunk)
+            if not data:
+                if self._in_frame:
+                    raise TruncatedFile(f"{self.name} ends inside a zstd frame: it is truncated")
+                return 0
+            self._out, self._pos = memoryview(self._feed(data)), 0
+        n = min(len(b), len(self._out) - self._pos)
+        b[:n] = self._out[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def _feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            self._in_frame = True
+            out.append(self._obj.decompress(data))
+            if not self._obj.eof:
+                break
+            data = self._obj.unused_data  # the next frame's start, if any
+            self._obj = zstandard.ZstdDecompressor().decompressobj(write_size=1 << 20)
+            self._in_frame = False
+        return b"".join(out)
+
+
+@contextlib.contextmanager
+def _decompressed(path: Path) -> Iterator[tuple[Any, Any]]:
+    """``(raw file, binary stream of its content)`` of a plain, ``.zst`` or ``.gz`` file."""
+    with open(path, "rb") as raw:
+        if path.name.endswith(".zst"):
+            yield raw, io.BufferedReader(_ZstdFrames(raw, str(path)), buffer_size=1 << 20)
+        elif path.name.endswith(".gz"):
+            yield raw, gzip.GzipFile(fileobj=raw)
+        else:
+            yield raw, raw
+
+
 def iter_lines(
     path: str | os.PathLike,
     on_read: Callable[[int], Any] | None = None,
@@ -68,15 +170,10 @@ def iter_lines(
     """Text lines of a plain, ``.zst`` or ``.gz`` file, streamed with bounded memory: the one
     reader of (compressed) JSONL. ``on_read(n)`` is told of the ``n`` bytes read from disk since
     its last call (compressed bytes: a progress bar's total is the file size). ``errors``: how
-    bytes that are not UTF-8 are decoded (``str.decode``)."""
+    bytes that are not UTF-8 are decoded (``str.decode``). A truncated compressed file raises
+    :class:`TruncatedFile` where it ends."""
     path = Path(path)
-    with open(path, "rb") as raw:
-        if path.name.endswith(".zst"):
-            stream: Any = zstandard.ZstdDecompressor().stream_reader(raw)
-        elif path.name.endswith(".gz"):
-            stream = gzip.GzipFile(fileobj=raw)
-        else:
-            stream = raw
+    with _decompressed(path) as (raw, stream):
         reported = 0
         for i, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors=errors)):
             if on_read is not None and i % 1024 == 0:
@@ -85,6 +182,14 @@ def iter_lines(
             yield line
         if on_read is not None:
             on_read(path.stat().st_size - reported)
+
+
+def iter_byte_lines(path: str | os.PathLike) -> Iterator[bytes]:
+    """The lines of a plain, ``.zst`` or ``.gz`` file as bytes, undecoded (each line decodes,
+    or fails to, on its own), streamed; a truncated compressed file raises
+    :class:`TruncatedFile` where it ends."""
+    with _decompressed(Path(path)) as (_, stream):
+        yield from stream
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:

@@ -10,25 +10,78 @@ is smaller than asked, (2) ignores limits when no ``--resources`` is given, and 
   Locks die with the process, so a killed job never leaves a device reserved.
 * Because the lease waits, a run without ``--resources`` is still safe: GPU jobs that Snakemake
   starts together queue on the locks (with a log line) rather than overcommitting a device.
+
+The lock files live in a directory of the user's own (:func:`default_lock_dir`, created 0700 and
+checked for its owner) and are opened without following links: in a directory that other
+users of the machine can write, one of them could plant a link that makes a job truncate a file
+of its user's, or hold a lock that stops the job's GPU work for good. Leases are therefore per
+user: jobs of two users on one machine do not see each other's (a scheduler shares GPUs
+between users).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import logging
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LOCK_DIR = Path(os.environ.get("EAGLE3_GPU_LOCK_DIR", "/tmp/eagle3-pipeline-gpu-locks"))
+# where the workflow (inside a Slurm job: one directory per job) or the user puts the locks
+LOCK_DIR_ENV = "EAGLE3_GPU_LOCK_DIR"
 
 
 class GpuAllocationError(RuntimeError):
     pass
+
+
+def default_lock_dir(env: dict | None = None) -> Path:
+    """The directory of the GPU lock files: $EAGLE3_GPU_LOCK_DIR, else one of this user's own
+    in the temporary directory (``eagle3-pipeline-gpu-locks-<uid>``)."""
+    env = os.environ if env is None else env
+    if env.get(LOCK_DIR_ENV):
+        return Path(env[LOCK_DIR_ENV])
+    return Path(tempfile.gettempdir()) / f"eagle3-pipeline-gpu-locks-{os.getuid()}"
+
+
+def slurm_lock_dir(job_id: str) -> Path:
+    """The lock directory of the jobs inside one Slurm job (of this user's)."""
+    return Path(tempfile.gettempdir()) / f"eagle3-pipeline-gpu-locks-{os.getuid()}-slurm-{job_id}"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory that only this user can change: created with mode 0700 where it
+    is missing; one that exists must be a directory (not a link to one), owned by this user and
+    writable by no one else, or GpuAllocationError says what is wrong and what to do."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    wrong = None
+    if stat.S_ISLNK(st.st_mode):
+        wrong = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        wrong = "is not a directory"
+    elif st.st_uid != os.getuid():
+        wrong = f"belongs to another user (uid {st.st_uid}, not {os.getuid()})"
+    elif st.st_mode & 0o022:
+        wrong = f"can be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    if wrong:
+        raise GpuAllocationError(
+            f"the GPU lock directory {path} {wrong}: a job will not take its GPU locks there "
+            "(another user could make it overwrite a file or wait forever). Remove it, or set "
+            f"{LOCK_DIR_ENV} to a directory of your own (mode 0700)"
+        )
+    return path
 
 
 def nvidia_smi_rows(query: str, timeout: float = 30) -> list[list[str]] | None:
@@ -86,19 +139,28 @@ class GpuLease:
         self,
         count: int,
         devices: list[str] | None = None,
-        lock_dir: Path | str = DEFAULT_LOCK_DIR,
+        lock_dir: Path | str | None = None,
         timeout_s: float | None = None,
         poll_s: float = 2.0,
     ):
         self.count = count
         self.devices = visible_devices() if devices is None else list(devices)
-        self.lock_dir = Path(lock_dir)
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self._held: dict[str, int] = {}
 
     def _try_take(self, device: str) -> bool:
-        fd = os.open(self.lock_dir / f"gpu-{device}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        path = self.lock_dir / f"gpu-{device}.lock"
+        try:  # never through a link: the file is truncated below
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise GpuAllocationError(
+                f"the GPU lock file {path} is a symbolic link: remove it (a lock file is "
+                "truncated when taken, and would truncate the file it points to)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -117,7 +179,7 @@ class GpuLease:
                 f"need {self.count} GPU(s) but this machine shows {len(self.devices)} "
                 f"({self.devices or 'none'}); check CUDA_VISIBLE_DEVICES / nvidia-smi"
             )
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.lock_dir)
         start, warned = time.monotonic(), False
         while True:
             for dev in self.devices:
