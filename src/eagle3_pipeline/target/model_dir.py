@@ -20,7 +20,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
-from .serving import tokenizer_is_remote_code
+from ..engine.target_class import tokenizer_is_remote_code
 
 SMOLLM2_135M = {  # the packaged target's shape (SmolLM2-135M-Instruct)
     "architectures": ["LlamaForCausalLM"],
