@@ -131,7 +131,14 @@ def test_a_malformed_prompt_file_is_skipped_and_counted_or_named(lines, containe
             source = stats["train"]["mine"]
             bad = sum(source["skipped"].values())
             assert source["rows_read"] == bad + source["duplicates"] + source["kept"]
-            assert len(list(iter_jsonl(out))) == source["sampled"] == source["kept"]
+            # the pool's cleaning (prompts.pool) removes repeats and near-duplicates, counted
+            removed = (
+                sum(source["decontaminated"].values())
+                + source["duplicates_across_sources"]
+                + source["near_duplicates"]
+            )
+            assert source["sampled"] == source["kept"]
+            assert len(list(iter_jsonl(out))) == source["in_pool"] == source["kept"] - removed
             if not cut:
                 assert source["rows_read"] == sum(1 for line in lines if line.strip())
             record("prompt file", "read; bad rows skipped and counted" if bad else "read")
