@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from eagle3_pipeline import extract
 from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.disk import sample_bytes
 from eagle3_pipeline.prepare import stage as prepare
 from eagle3_pipeline.runtime.files import read_json, write_jsonl_zst
 from eagle3_pipeline.synth import stage as synth
@@ -86,7 +87,7 @@ def run_part(root: Path, target_json, dataset, cfg, part=0, jobs=1):
 
 
 def test_extraction_is_verified_and_matches_transformers(tmp_path, target_json, dataset):
-    cfg = extract_cfg(reference_rows=2)
+    cfg = extract_cfg()
     m = run_part(tmp_path / "hs", target_json, dataset, cfg)
     v = m["verification"]
     assert m["num_samples"] == len(TOPICS) and m["layer_ids"] == [2, 15, 27, 30]
@@ -192,13 +193,11 @@ def test_reshuffled_rows_reuse_every_sample_without_a_server(tmp_path, target_js
 
 
 def test_fp8_storage_halves_the_bytes(tmp_path, target_json, dataset):
-    cfg = extract_cfg(storage="fp8", reference_rows=1)
+    cfg = extract_cfg(storage="fp8")
     m = run_part(tmp_path / "hs", target_json, dataset, cfg)
     t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
     assert t["hidden_states"].dtype == torch.float8_e4m3fn and shards.SCALES_KEY in t
-    bf16_bytes = sum(
-        extract.sample_bytes(n, 4, 576, "bf16") for n in [s["tokens"] for s in m["shards"]]
-    )
+    bf16_bytes = sum(sample_bytes(n, 4, 576, "bf16") for n in [s["tokens"] for s in m["shards"]])
     assert m["bytes"] / bf16_bytes < 0.55
     assert m["verification"]["next_token_agreement"] >= 0.95
     assert m["verification"]["reference"]["max_rel_error"] < 0.05
