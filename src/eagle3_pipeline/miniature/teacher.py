@@ -260,11 +260,11 @@ def trim(text: str, finished: bool, max_sentences: int | None = None) -> str:
     return "".join(kept).strip()
 
 
-def shape(record: dict) -> dict | None:
-    """The thinking turn of a corpus record: ``{"prompt", "reasoning", "answer"}``, or None
-    when either part trims to nothing."""
-    reasoning = trim(record["reasoning"], record["reasoning_finish"] == "stop", max_sentences=3)
-    answer = trim(record["answer"], record["answer_finish"] == "stop")
+def shape(record: dict, reasoning_sentences: int = 2, answer_sentences: int = 3) -> dict | None:
+    """The thinking turn of a corpus record: ``{"id", "prompt", "reasoning", "answer"}`` with
+    at most that many sentences each, or None when either part trims to nothing."""
+    reasoning = trim(record["reasoning"], record["reasoning_finish"] == "stop", reasoning_sentences)
+    answer = trim(record["answer"], record["answer_finish"] == "stop", answer_sentences)
     if not reasoning or not answer:
         return None
     return {
