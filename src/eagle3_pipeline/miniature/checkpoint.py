@@ -10,10 +10,12 @@ rename gives ``language_model.model.blocks.N``), so the names are written here.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 from pathlib import Path
 
 from . import config as cfg
+from .quantize import dequantize_tensor
 
 
 def text_tensors(state: dict, dtype) -> dict:
@@ -112,6 +114,8 @@ def write_model_dir(out_dir: Path, tensors: dict, wrapper: bool, quantized: bool
     ordered = {k: tensors[k] for k in sorted(tensors)}
     save_file(ordered, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     conf = cfg.model_config(wrapper=wrapper, quantized=quantized)
+    # without it transformers takes a local tokenizer for a Mistral one and warns about its regex
+    conf["transformers_version"] = md.version("transformers")
     (out_dir / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     (out_dir / "generation_config.json").write_text(
         json.dumps(cfg.generation_config(), indent=2) + "\n"
@@ -120,3 +124,45 @@ def write_model_dir(out_dir: Path, tensors: dict, wrapper: bool, quantized: bool
         (out_dir / "preprocessor_config.json").write_text(
             json.dumps({"media_proc_cfg": cfg.MEDIA_PROC_CFG}, indent=2) + "\n"
         )
+
+
+def load_text_model(model_dir: Path, dtype=None):
+    """transformers' ``DeepseekV3ForCausalLM`` with the text model of a built directory (either
+    variant; W4A16 experts dequantized, as the int4 kernels compute with them): the reference
+    a server's outputs are compared with."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    dtype = dtype or torch.float32
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    if any(k.startswith("language_model.") for k in tensors):
+        tensors = {
+            k[len("language_model.") :]: v
+            for k, v in tensors.items()
+            if k.startswith("language_model.")
+        }
+    packed = sorted(k[: -len(".weight_packed")] for k in tensors if k.endswith(".weight_packed"))
+    if packed:
+        for base in packed:
+            parts = {p: tensors.pop(f"{base}.weight_{p}") for p in ("packed", "scale", "shape")}
+            tensors[f"{base}.weight"] = dequantize_tensor(
+                {f"weight_{p}": t for p, t in parts.items()}
+            )
+    fused: dict = {}
+    for name in list(tensors):
+        if ".mlp.experts." in name:
+            layer, rest = name.split(".mlp.experts.")
+            expert, proj = rest.split(".", 1)
+            fused.setdefault(layer, {}).setdefault(int(expert), {})[proj] = tensors.pop(name)
+    for layer, experts in fused.items():
+        order = [experts[e] for e in sorted(experts)]
+        tensors[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([e["gate_proj.weight"], e["up_proj.weight"]]) for e in order]
+        )
+        tensors[f"{layer}.mlp.experts.down_proj"] = torch.stack(
+            [e["down_proj.weight"] for e in order]
+        )
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**cfg.text_config(training=True)))
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
+    return model.to(dtype).eval()
