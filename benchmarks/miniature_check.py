@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from eagle3_pipeline.miniature import build, check, stats, teacher
+from eagle3_pipeline.target import serving
 
 
 def prompts(n_seen: int, n_new: int) -> tuple[list[str], list[str]]:
@@ -113,7 +114,7 @@ def main() -> None:
         )
         result["variants"][quantize] = entry
         logging.info("%s: %s", quantize, json.dumps(entry)[:2000])
-    result["cpu_has_amx"] = check.cpu_has_amx()
+    result["cpu_has_amx"] = serving.cpu_has_amx()
     print(json.dumps(result, indent=2))
     if args.out:
         from eagle3_lab.results import write_result

@@ -17,6 +17,7 @@ import pytest
 from eagle3_pipeline.miniature import check, checkpoint, distill, stats, teacher
 from eagle3_pipeline.miniature import config as cfg
 from eagle3_pipeline.miniature import tokenizer as toklib
+from eagle3_pipeline.target import serving
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "tests" / ".cache" / "miniature"
@@ -360,8 +361,8 @@ def test_the_miniature_thinks_on_vllm_cpu(quantize, tmp_path):
     model = build_cached(quantize)
     prompts = training_like_prompts()
     log, vllm_cache = tmp_path / "server.log", CACHE / "vllm"
-    if quantize == "w4a16" and not check.cpu_has_amx():
-        with pytest.raises(RuntimeError, match=check.NO_WNA16_BACKEND):
+    if quantize == "w4a16" and not serving.cpu_has_amx():
+        with pytest.raises(RuntimeError, match=serving.NO_WNA16_BACKEND):
             check.serve_and_ask(model, prompts[:1], log, vllm_cache)
         return
     responses, _ = check.serve_and_ask(model, prompts, log, vllm_cache)

