@@ -13,15 +13,12 @@ import re
 from pathlib import Path
 
 import pytest
+from miniature_build import CACHE, REPO, build_cached
 
 from eagle3_pipeline.miniature import check, checkpoint, distill, stats, teacher
 from eagle3_pipeline.miniature import config as cfg
 from eagle3_pipeline.miniature import tokenizer as toklib
 from eagle3_pipeline.target import serving
-
-REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / "tests" / ".cache" / "miniature"
-
 
 # ------------------------------------------------------------------------------------------
 # no build
@@ -257,16 +254,6 @@ def test_committed_corpus_has_its_provenance():
 # ------------------------------------------------------------------------------------------
 # one build, cached by fingerprint
 # ------------------------------------------------------------------------------------------
-
-
-def build_cached(quantize: str) -> Path:
-    """The miniature under tests/.cache/miniature/<fingerprint>-<quantize> (built once)."""
-    from eagle3_pipeline.miniature import build
-
-    train_fp = build.fingerprint(build.inputs(build.BuildSettings()))
-    out = CACHE / f"{train_fp}-{quantize}"
-    build.build(out, quantize=quantize, cache=CACHE)
-    return out
 
 
 @pytest.fixture(scope="module")
