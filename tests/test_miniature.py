@@ -376,3 +376,27 @@ def test_the_miniature_thinks_on_vllm_cpu(quantize, tmp_path):
     assert figures["think_end_fraction"] >= 0.75, figures
     assert figures["distinct_answers"] == len(prompts), figures
     assert figures["mean_distinct"] >= 0.3 and figures["mean_top_share"] <= 0.3, figures
+
+
+def test_the_kimi_profile_plans_the_miniature_with_sizes_only(built, tmp_path):
+    """config/kimi-k2.5.yaml on the built W4A16 miniature with the GPU host's sizes
+    (lab/configs/gpu_kimi_miniature.yaml, at the built directory): the plan reads
+    the class (MLA, 8 experts, compressed-tensors), picks three distinct aux layers for its 8
+    layers, plans every stage and finds nothing to refuse on GPUs; on the CPU of a machine
+    without AMX it refuses the int4 experts before any job."""
+    from smkcli import parse_jobs, snakemake
+
+    profile = [
+        REPO / "config" / "kimi-k2.5.yaml",
+        REPO / "lab" / "configs" / "gpu_kimi_miniature.yaml",
+    ]
+    base = ["-n", "--cores", "1", "--configfile", *map(str, profile)]
+    proc = snakemake(*base, "--config", f"target={{path: {built}}}", workdir=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "MLA, 8 experts, compressed-tensors" in out and "WARNING" not in out, out[-3000:]
+    assert "aux [2, 4, 5] + final 8" in out
+    assert {j.rule for j in parse_jobs(proc.stdout)} >= {"synth", "extract", "train", "bench"}
+    cpu = "vllm={device: cpu, tensor_parallel_size: 1}"
+    proc = snakemake(*base, "--config", f"target={{path: {built}}}", cpu, workdir=tmp_path)
+    refused = serving.NO_WNA16_BACKEND in proc.stdout + proc.stderr
+    assert refused is not serving.cpu_has_amx()
