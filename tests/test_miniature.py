@@ -400,3 +400,15 @@ def test_the_kimi_profile_plans_the_miniature_with_sizes_only(built, tmp_path):
     proc = snakemake(*base, "--config", f"target={{path: {built}}}", cpu, workdir=tmp_path)
     refused = serving.NO_WNA16_BACKEND in proc.stdout + proc.stderr
     assert refused is not serving.cpu_has_amx()
+
+
+def test_ids_only_in_prompts_get_the_unused_ids_row():
+    import torch
+
+    head = torch.arange(12.0).reshape(6, 2)
+    head[4:] = 9.0  # 4 and 5: outside the rows, the sink's row
+    rows = [([0, 1], [2]), ([1], [3, 2])]  # 0 and 1 only ever in prompts
+    out = checkpoint.silence_unwritten_ids({"lm_head.weight": head, "x": head}, rows)
+    silenced = out["lm_head.weight"]
+    assert (silenced[[0, 1]] == 9.0).all() and torch.equal(silenced[2:], head[2:])
+    assert out["x"] is head and not (head[:2] == 9.0).any()

@@ -45,17 +45,17 @@ class BuildSettings:
     tokenizer_chars: int = toklib.TRAIN_CHARS
 
 
-# what decides the built directory; check.py and stats.py only look at it
-MODEL_CODE = ("build.py", "checkpoint.py", "config.py", "distill.py", "quantize.py")
-MODEL_CODE += ("teacher.py", "tokenizer.py")
+# what decides the training (cached by its fingerprint), and what turns it into a directory
+TRAIN_CODE = ("config.py", "distill.py", "teacher.py", "tokenizer.py")
+EXPORT_CODE = ("build.py", "checkpoint.py", "quantize.py")
 
 
-def code_digest() -> str:
-    """The code that decides the build and its data files (the chat template, the corpus), by
-    content."""
+def code_digest(names: tuple[str, ...] = TRAIN_CODE, data: bool = True) -> str:
+    """The package modules ``names`` (and its data files: the chat template, the corpus), by
+    content. check.py and stats.py only look at a build and count for neither."""
     h = hashlib.sha256()
     for p in sorted(PACKAGE_DIR.rglob("*")):
-        if p.name in MODEL_CODE or p.suffix in (".jinja", ".zst"):
+        if p.name in names or (data and p.suffix in (".jinja", ".zst")):
             h.update(str(p.relative_to(PACKAGE_DIR)).encode() + b"\0" + sha256_file(p).encode())
     return h.hexdigest()
 
@@ -76,11 +76,23 @@ def fingerprint(obj: dict) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def training_rows(settings: BuildSettings, tokenizer_dir: Path) -> list:
+    """(prompt ids, completion ids) of the turns trained on, with the tokenizer in
+    ``tokenizer_dir``."""
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    shaped = [s for s in (teacher.shape(r) for r in teacher.read_corpus()) if s]
+    samples = shaped[: settings.samples]
+    if len(samples) < settings.samples:
+        raise ValueError(f"the corpus has {len(shaped)} usable turns, {settings.samples} asked")
+    return distill.render_rows(hf_tok, samples, settings.train.max_len)
+
+
 def _train(settings: BuildSettings, work: Path) -> dict:
     """Tokenizer and trained bf16 text tensors (checkpoint names) in ``work``; the figures."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
     figures: dict = {}
     t0, c0 = time.time(), time.process_time()
@@ -91,12 +103,7 @@ def _train(settings: BuildSettings, work: Path) -> dict:
     figures["tokenizer_cpu_s"] = round(time.process_time() - c0, 1)
 
     t0, c0 = time.time(), time.process_time()
-    hf_tok = AutoTokenizer.from_pretrained(str(work))
-    shaped = [s for s in (teacher.shape(r) for r in teacher.read_corpus()) if s]
-    samples = shaped[: settings.samples]
-    if len(samples) < settings.samples:
-        raise ValueError(f"the corpus has {len(shaped)} usable turns, {settings.samples} asked")
-    rows = distill.render_rows(hf_tok, samples, settings.train.max_len)
+    rows = training_rows(settings, work)
     result = distill.train(rows, settings.train)
     figures.update(
         train_s=round(time.time() - t0, 1),
@@ -134,7 +141,10 @@ def build(
     t_start, c_start = time.time(), time.process_time()
     train_inputs = inputs(settings)
     train_fp = fingerprint(train_inputs)
-    fp = fingerprint({"train": train_fp, "quantize": quantize, "variant": variant})
+    export_code = code_digest(EXPORT_CODE, data=False)
+    fp = fingerprint(
+        {"train": train_fp, "export": export_code, "quantize": quantize, "variant": variant}
+    )
     manifest_path = out / "miniature.json"
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
@@ -164,7 +174,9 @@ def build(
             train_figures = _train(settings, work)
 
         t0, c0 = time.time(), time.process_time()
-        text = load_file(str(work / "text.safetensors"))
+        text = checkpoint.silence_unwritten_ids(
+            load_file(str(work / "text.safetensors")), training_rows(settings, work)
+        )
         tensors = checkpoint.checkpoint_tensors(
             text, variant == "wrapper", settings.train.seed, torch.bfloat16
         )

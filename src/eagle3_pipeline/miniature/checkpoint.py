@@ -95,6 +95,21 @@ def vision_tensors(seed: int, dtype) -> dict:
     return t
 
 
+def silence_unwritten_ids(text: dict, rows: list) -> dict:
+    """``text`` with the lm_head row of every id that occurs in the training prompts but never
+    in a completion (the template's markers, the ``<think>`` the generation prompt opens) set
+    to the row every id outside the rows has: training never asked the model to write them,
+    so it must not write them more often than any unused id. Sampled at temperature 1, a model
+    without this wrote a second ``<think>`` into a few answers."""
+    head = text["lm_head.weight"].clone()
+    used = {i for p, c in rows for i in (*p, *c)}
+    written = {i for _, c in rows for i in c}
+    outside = next(i for i in range(head.shape[0]) if i not in used)
+    for i in used - written:
+        head[i] = head[outside]
+    return {**text, "lm_head.weight": head}
+
+
 def checkpoint_tensors(text: dict, wrapper: bool, seed: int, dtype) -> dict:
     """All tensors of the model directory: the text model's under ``language_model.`` plus the
     vision side for the wrapper, as they are for the backbone alone."""
