@@ -216,6 +216,13 @@ class NextTokenProbe:
         return out
 
 
+def decoder_layers(model):
+    """The decoder layers of a causal LM (``model.model.layers``) or of the language model
+    inside a multimodal wrapper (Kimi-K2.5's ``model.model.language_model.layers``)."""
+    inner = model.model
+    return inner.layers if hasattr(inner, "layers") else inner.language_model.layers
+
+
 def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):
     """Hidden states as vLLM captures them, from a transformers model: aux layer i is HF's
     ``hidden_states[i]``; the final id (= num layers) is the last decoder layer's output
@@ -223,7 +230,7 @@ def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):
     import torch
 
     captured = {}
-    layers = model.model.layers
+    layers = decoder_layers(model)
     hook = layers[-1].register_forward_hook(
         lambda mod, args, out: captured.__setitem__(
             "last", out[0] if isinstance(out, tuple) else out
@@ -236,6 +243,67 @@ def reference_hidden_states(model, input_ids: list[int], layer_ids: list[int]):
         hook.remove()
     n = len(layers)
     return [captured["last"][0] if lid == n else out.hidden_states[lid][0] for lid in layer_ids]
+
+
+def wrapped_language_model(model_dir: str | Path, text_config, trust_remote_code: bool):
+    """The language model of a multimodal wrapper (Kimi-K2.5: a DeepSeek-V3 under
+    ``language_model.``), built from its text config with the checkpoint's text weights:
+    what vLLM serves with --language-model-only, without the vision tower, whose layout
+    transformers' wrapper class need not share with the checkpoint."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    if getattr(text_config, "quantization_config", None):
+        raise ValueError(
+            f"{model_dir}: the reference forward of a multimodal wrapper with quantized "
+            "weights is not supported: set extract.reference_forward: never, or point "
+            "target.path at an unquantized copy"
+        )
+    prefix = "language_model."
+    state = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        state |= {
+            k[len(prefix) :]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)
+        }
+    model = AutoModelForCausalLM.from_config(
+        text_config, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
+    state = fuse_experts(state, model.state_dict().keys())
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in state.items()}, strict=False
+    )
+    tied = {"lm_head.weight"} if getattr(text_config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(
+            f"{model_dir}: the language model's weights do not fit its text config "
+            f"(missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
+    return model
+
+
+def fuse_experts(state: dict, wanted) -> dict:
+    """Per-expert checkpoint weights (``experts.N.{gate,up,down}_proj.weight``, as Kimi and
+    DeepSeek ship them) stacked into the fused ``experts.gate_up_proj`` / ``experts.down_proj``
+    of a transformers model that has those (what its from_pretrained converts on loading)."""
+    import torch
+
+    pattern = re.compile(r"(.+\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    per: dict[str, dict[int, dict[str, Any]]] = {}
+    out = {}
+    for key, value in state.items():
+        m = pattern.match(key)
+        if m and f"{m[1]}.gate_up_proj" in wanted:
+            per.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = value
+        else:
+            out[key] = value
+    for prefix, experts in per.items():
+        order = sorted(experts)
+        out[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([experts[e]["gate"], experts[e]["up"]]) for e in order]
+        )
+        out[f"{prefix}.down_proj"] = torch.stack([experts[e]["down"] for e in order])
+    return out
 
 
 def model_fits(model_dir: str | Path, fraction_of_ram: float = 0.4) -> bool:
@@ -260,12 +328,16 @@ def reference_errors(
     The reference runs in float32, on the GPUs when the job has them (the extraction server
     has stopped by then; transformers spreads the layers over them), else on the CPU."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = {"device_map": "auto"} if torch.cuda.is_available() else {}
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
-    )
+    config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    if hasattr(config, "text_config"):
+        model = wrapped_language_model(model_dir, config.text_config, trust_remote_code)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
+        )
     model.eval()
     per_layer = {str(layer): 0.0 for layer in layer_ids}
     for ids, hidden in samples:
