@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "tests" / ".cache"
 sys.path.insert(0, str(REPO / "tests"))
 
+from extraction_fixtures import extracted, greedy_dataset  # noqa: F401  (session fixtures)
 from train_fixtures import dflash_run, fixture_data, resumed_run  # noqa: F401  (session fixtures)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
