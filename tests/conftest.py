@@ -21,6 +21,9 @@ sys.path.insert(0, str(REPO / "tests"))
 from extraction_fixtures import extracted, greedy_dataset  # noqa: F401  (session fixtures)
 from train_fixtures import dflash_run, fixture_data, resumed_run  # noqa: F401  (session fixtures)
 
+# the tiers and their watch (tests/tiers.py)
+pytest_plugins = ["tiers"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -89,6 +92,9 @@ def vllm_server(target_dir, tmp_path_factory):
     spec = spec_from_config(cfg["vllm"], str(target_dir))
     logdir = tmp_path_factory.mktemp("server")
     with VllmServer(spec, logdir / "server.log", cache_root=CACHE / "vllm") as server:
+        import tiers  # (the plugin, registered above)
+
+        tiers.SHARED_SERVER_PORTS.add(server.port)
         yield server
 
 
@@ -139,6 +145,18 @@ def ci_snakemake(
         out = open(workdir / "snakemake.out", "w")  # noqa: SIM115 - the process holds it
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def done_copy(tmp_path_factory) -> Path:
+    """A copy of the workflow (tests/smkcli.copy_repo) with a finished run of the default config
+    marked done (--touch: every output empty, Snakemake's records real). A test that edits it
+    restores what it edited, content and mtime."""
+    from smkcli import copy_repo, mark_done
+
+    repo = copy_repo(tmp_path_factory.mktemp("repo"))
+    mark_done(repo)
+    return repo
 
 
 @pytest.fixture(scope="session")

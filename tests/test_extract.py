@@ -25,7 +25,7 @@ from extraction_fixtures import TOPICS, extract_cfg, run_part
 
 # every test reads the extraction the session makes once with its own server (extracted), or
 # starts the extract stage's own
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
 def test_extraction_is_verified_and_matches_transformers(tmp_path, extracted):

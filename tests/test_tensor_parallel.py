@@ -68,6 +68,7 @@ def extract_at(tp: int, root: Path, target_json, dataset):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_tensor_parallel_extraction_equals_tp1(tmp_path, target_json, greedy_dataset, extracted):
     """TP=3 against the session's extraction of the same rows at TP=1 (the extract tests'
     one: the stored samples depend on neither the KV cache's size nor the context length)."""
