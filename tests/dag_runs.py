@@ -114,6 +114,7 @@ class SharedRuns:
 
     def __init__(self, base: Path, needed: set[str]):
         self.base = base
+        self.t0 = time.monotonic()
         self.env = dict(os.environ)
         self.env[tiers.SESSION_VARIABLE] = tiers.background_token(os.environ)
         self.futures: dict[str, Future] = {}
@@ -166,11 +167,15 @@ class SharedRuns:
         return self.start(name).result(timeout)
 
     def _timed(self, name: str, make):
+        """``make()`` once the runs it needs are made; its seconds, from when the session's
+        runs began (what the durations of the tests that read it leave out)."""
+        for first in NEEDS[name]:
+            self.result(first)
         t0 = time.monotonic()
         try:
             return make()
         finally:
-            self.seconds[name] = time.monotonic() - t0
+            self.seconds[name] = (t0 - self.t0, time.monotonic() - self.t0)
 
     def _snakemake(
         self, work: Path, *args: str, slurm=None, configfiles=(CI_CONFIG,), timeout=3600
@@ -289,8 +294,9 @@ def cancel_a_synth_job(slurm, journaled, kept: int, proc, timeout: float = 900) 
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_runs(request, tmp_path_factory):
-    """Starts the shared runs the session's tests need (and what they need first)."""
+def shared_runs(request, tmp_path_factory, record_testsuite_property):
+    """Starts the shared runs the session's tests need (and what they need first); their
+    seconds go into the JUnit file (tests/durations.py shows them)."""
     needed = {f for item in request.session.items for f in item.fixturenames} & set(NEEDS)
     for name in list(needed):
         needed |= set(NEEDS[name])
@@ -301,6 +307,8 @@ def shared_runs(request, tmp_path_factory):
     yield runs
     runs.close()
     request.config.stash[SECONDS] = dict(runs.seconds)
+    for name, (start, end) in runs.seconds.items():
+        record_testsuite_property(f"shared run {name}", f"{start:.0f}-{end:.0f} s")
 
 
 SECONDS = pytest.StashKey[dict]()
@@ -341,5 +349,7 @@ def pytest_collection_modifyitems(items):
 def pytest_terminal_summary(terminalreporter, config):
     seconds = config.stash.get(SECONDS, {})
     if seconds:
-        made = ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items())
+        made = ", ".join(
+            f"{name} {b - a:.0f} s (at {a:.0f}-{b:.0f} s)" for name, (a, b) in seconds.items()
+        )
         terminalreporter.write_line(f"shared runs made in the background: {made}")

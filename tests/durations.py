@@ -27,6 +27,7 @@ def read_junit(path: Path) -> tuple[dict, list[dict]]:
     """The session's attributes and one dict per test case (id, seconds, outcome)."""
     root = ET.parse(path).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
+    props = {p.get("name"): p.get("value") for p in suite.iterfind("properties/property")}
     cases = []
     for case in suite.iter("testcase"):
         module = case.get("classname", "").split(".")
@@ -44,7 +45,7 @@ def read_junit(path: Path) -> tuple[dict, list[dict]]:
                 "outcome": outcome,
             }
         )
-    return dict(suite.attrib), cases
+    return {**suite.attrib, "properties": props}, cases
 
 
 def quick_tier(listing: Path | None) -> set[str]:
@@ -97,6 +98,9 @@ def render(attrs: dict, cases: list[dict], quick: set[str], command: str, note: 
         f"({wall:.0f} s), {len(cases)} tests: "
         + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())),
     ]
+    for name, value in attrs.get("properties", {}).items():
+        if name.startswith("shared run "):
+            lines.append(f"- {name} (made in the background, from the session's start): {value}")
     if note:
         lines.append(f"- beside it: {note}")
     lines += [
