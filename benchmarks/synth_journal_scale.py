@@ -15,7 +15,7 @@ compare two versions of the code; default this checkout's):
 - ``part``: a synth part's start: the journals read, the part's settled prompts found
   (``stage.part_work``), as ``run_part`` does before any request;
 - ``gather``: the gather's walk: the journals read, each prompt's answer found
-  (``stage.outcomes``), then every answer's full entry read in prompt order, as the merged
+  (``records.outcomes``), then every answer's full entry read in prompt order, as the merged
   records are written (the token-exact check, which needs the target's tokenizer, left out).
 
 Each phase runs --repeats times; the figures are the median wall time and the largest peak RSS.
@@ -92,10 +92,10 @@ def phase(name: str, partial: str, pool: str) -> dict:
     """One phase in this process (run as a child of the benchmark)."""
     import resource
 
-    from eagle3_pipeline.synth import stage
+    from eagle3_pipeline.synth import records, stage
     from eagle3_pipeline.synth.answers import AnswerStore
 
-    prompts = stage.read_prompts(pool)
+    prompts = records.read_prompts(pool)
     cfg = {"context": "dataset"}
     t0 = time.monotonic()
     store = AnswerStore(partial, FINGERPRINT)
@@ -104,7 +104,7 @@ def phase(name: str, partial: str, pool: str) -> dict:
         work = stage.part_work(prompts, entries, 0, 1, cfg, 4096)
         figure = {"reused": work.reused, "to_ask": len(work.todo)}
     else:
-        last, _ = stage.outcomes(prompts, entries, cfg)
+        last, _ = records.outcomes(prompts, entries, cfg)
         in_order = (last[p["id"]] for p in prompts)
         load = getattr(store, "full", None)  # (code that keeps the whole entries has none)
         tokens = sum(len(e["completion_token_ids"]) for e in (load or iter)(in_order))

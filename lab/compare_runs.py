@@ -18,6 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime.files import iter_jsonl
 
 FILES = [
@@ -112,7 +113,7 @@ def main() -> None:
     result = {str(r): compare(first, r) for r in args.runs[1:]}
     print(json.dumps(result, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps({"first": str(first), "against": result}, indent=2))
+        write_result(args.out, {"first": str(first), "against": result})
 
 
 if __name__ == "__main__":

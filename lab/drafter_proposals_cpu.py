@@ -25,8 +25,9 @@ from pathlib import Path
 from eagle3_lab import diagnostics as R
 from eagle3_lab.diagnostics import models
 from eagle3_lab.diagnostics import served as vllm_served
+from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime import setup_logging
-from eagle3_pipeline.runtime.files import iter_jsonl, read_json, write_json
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json
 from eagle3_pipeline.runtime.provenance import package_versions
 
 
@@ -169,7 +170,7 @@ def main() -> None:
                 "versions": package_versions(),
             }
         )
-        write_json(out, done)
+        write_result(out, done)
 
 
 if __name__ == "__main__":

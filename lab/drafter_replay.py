@@ -40,8 +40,8 @@ import sys
 import time
 
 from eagle3_lab.diagnostics.replay import replay_run
+from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime import setup_logging
-from eagle3_pipeline.runtime.files import write_json
 from eagle3_pipeline.runtime.provenance import package_versions
 
 
@@ -131,7 +131,7 @@ def main() -> None:
     if args.out:
         result["command"] = " ".join(["python", *sys.argv])
         result["versions"] = package_versions()
-        write_json(args.out, result)
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

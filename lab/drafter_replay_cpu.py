@@ -48,6 +48,7 @@ from drafter_replay import fmt, parse_ks  # the script beside this one
 REPO = Path(__file__).resolve().parents[1]
 
 from eagle3_lab.diagnostics.replay import replay_run
+from eagle3_lab.results import write_result
 from eagle3_pipeline import bench, prompts, target
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench import DRAFTER
@@ -349,7 +350,7 @@ def main() -> None:
     print(json.dumps(timing))
     if args.out:
         baseline = read_json(baseline_json)
-        write_json(
+        write_result(
             args.out,
             {
                 "command": " ".join(["python", *sys.argv]),

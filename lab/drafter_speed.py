@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench import (
     BASELINE,
@@ -49,7 +50,7 @@ from eagle3_pipeline.bench import (
 from eagle3_pipeline.bench import cache as bench_cache
 from eagle3_pipeline.methods import consistency, predicted_acceptance_length
 from eagle3_pipeline.runtime import setup_logging
-from eagle3_pipeline.runtime.files import iter_jsonl, read_json, write_json
+from eagle3_pipeline.runtime.files import iter_jsonl, read_json
 from eagle3_pipeline.runtime.provenance import package_versions
 from eagle3_pipeline.server import ServerError
 from eagle3_pipeline.target import load_info
@@ -328,7 +329,7 @@ def main() -> None:
             if out and servers[0].name in measured:
                 # what is measured so far, marked incomplete: a host that goes away during the
                 # next measurement leaves these behind
-                write_json(out, result(args, run, cfg, servers, prompt_files, measured, all_up_s))
+                write_result(out, result(args, run, cfg, servers, prompt_files, measured, all_up_s))
 
     if servers[0].name not in measured:
         sys.exit(f"the baseline was not measured: {servers[0].error}")
@@ -342,7 +343,7 @@ def main() -> None:
     for s in servers:
         print(f"{s.name}: {s.timings}" + (f"  ERROR {s.error}" if s.error else ""))
     if out:
-        write_json(out, final)
+        write_result(out, final)
     if any(s.error for s in servers):
         sys.exit(1)
 

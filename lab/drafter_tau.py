@@ -43,6 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from eagle3_lab.results import write_result as write_with_revision
 from eagle3_lab.rounds import refuse_shared_gpu
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import prompts, target
@@ -61,8 +62,7 @@ from eagle3_pipeline.bench import (
 )
 from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 from eagle3_pipeline.runtime import for_each, setup_logging
-from eagle3_pipeline.runtime.files import iter_jsonl, write_json
-from eagle3_pipeline.runtime.provenance import code_version
+from eagle3_pipeline.runtime.files import iter_jsonl
 from eagle3_pipeline.runtime.provenance import package_versions as versions
 from eagle3_pipeline.server import client as client_lib
 
@@ -100,12 +100,10 @@ def bench_sets(
 
 
 def write_result(path, **fields) -> None:
-    """A lab result file: the command that made it, ``fields``, the code's revision and the
-    package versions."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """A lab result file: the command that made it, ``fields``, the package versions and the
+    code's revision (eagle3_lab.results)."""
     command = " ".join(["python", *sys.argv])
-    record = {"command": command, **fields, "code": code_version(), "versions": versions()}
-    write_json(path, record)
+    write_with_revision(path, {"command": command, **fields, "versions": versions()})
 
 
 def chat_all(server, rows, temperature, max_tokens, concurrency, **fields) -> list[dict]:

@@ -28,6 +28,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from eagle3_lab.results import write_result
+
 REPO = Path(__file__).resolve().parents[1]
 
 # (category, the frames that mark it), first match wins. Each extraction variant's request
@@ -208,7 +210,7 @@ def main() -> None:
     for name, ms in result["validator_lock_ms_per_sample"].items():
         print(f"{ms:7.2f} ms a sample   validator: {name}")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ working tree.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 from pathlib import Path
+
+from eagle3_lab.results import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = "src"
@@ -50,10 +51,9 @@ def main() -> None:
         print(f"{name:32s} {before.get(name, '-'):>6} {after.get(name, '-'):>6}")
     print(f"{'total':32s} {sum(before.values()):>6} {sum(after.values()):>6}")
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         result = {"revisions": [a.before, a.after], "before": before, "after": after}
         result["total"] = [sum(before.values()), sum(after.values())]
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(a.out, result)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
 from eagle3_pipeline.target.stage import defining_files
 from eagle3_pipeline.staleness.code import code_hash, logic_modules
-from eagle3_pipeline.runtime import kept
+from eagle3_pipeline.plan import kept
 from eagle3_pipeline.staleness.interrupted import interrupted_targets
 
 try:
@@ -265,6 +265,6 @@ onstart:
 
 
 onerror:
-    # What the failed jobs' stages kept (runtime/kept.py): the same command resumes from it.
+    # What the failed jobs' stages kept (plan/kept.py): the same command resumes from it.
     if workflow.is_main_process and (_kept := kept.message(Path(RUN), config)):
         print(_kept, file=sys.stderr)

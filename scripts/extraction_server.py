@@ -26,7 +26,8 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from eagle3_pipeline import config as cfglib
-    from eagle3_pipeline.extract.online import endpoint_spec
+    from eagle3_pipeline.methods import layer_ids_of
+    from eagle3_pipeline.online.servers import endpoint_spec
     from eagle3_pipeline.server import VllmServer
     from eagle3_pipeline.target.stage import load_info
 
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     target_json = Path(cfglib.run_dir(config)) / "target" / "target.json"
     if not target_json.is_file():
         sys.exit(f"{target_json} not found: run the target stage first (snakemake --until target)")
-    spec = endpoint_spec(config, load_info(target_json), drafter, Path(args.staging).resolve())
+    own = layer_ids_of(cfglib.drafter_train_config(config, drafter))
+    staging = Path(args.staging).resolve()
+    spec = endpoint_spec(config["extract"], config["vllm"], load_info(target_json), own, staging)
     server = VllmServer(spec)
     command = server.argv(args.port)
     command[command.index("--host") + 1] = args.host

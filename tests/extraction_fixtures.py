@@ -89,7 +89,7 @@ def extracted(tmp_path_factory, target_json, greedy_dataset) -> dict:
     against transformers): its root, manifest, config and server log. Read only: a test that
     changes it works on a copy."""
     root = tmp_path_factory.mktemp("extracted") / "hs"
-    cfg = extract_cfg(reference_rows=2)
+    cfg = extract_cfg()
     log = root.parent / "server.log"
     manifest = run_part(root, target_json, greedy_dataset, cfg, log_path=log)
     return {"root": root, "manifest": manifest, "cfg": cfg, "log": log}

@@ -15,6 +15,7 @@ from eagle3_pipeline.bench import measure, stage
 from eagle3_pipeline.bench import verdict as bench_verdict
 from eagle3_pipeline.methods import consistency
 from eagle3_pipeline.runtime.files import write_json
+from eagle3_pipeline.runtime.results import BENCH_BASELINE, TRAIN_METRICS, format_tag
 
 POS = measure.PER_POS
 
@@ -122,17 +123,16 @@ def run_row(tau, drafts=100, prompt_set="mtbench", speedup=1.2, spread=None, rou
 
 
 def test_untrained_drafter_is_announced_loudly(tmp_path):
-    cfg = {"min_acceptance_length": 1.1, "min_measured_to_predicted": 0.5}
-    verdict = bench_verdict.judge([run_row(1.01)], cfg)
+    verdict = bench_verdict.judge([run_row(1.01)])
     assert not verdict["ok"] and verdict["message"].startswith("DRAFTER NOT WORKING")
     # a drafter that works on one set only (prompts it memorized) is named where it does not
-    memorized = bench_verdict.judge([run_row(1.9, prompt_set="mine"), run_row(1.01)], cfg)
+    memorized = bench_verdict.judge([run_row(1.9, prompt_set="mine"), run_row(1.01)])
     assert memorized["message"].startswith(
         "DRAFTER NOT WORKING: acceptance length 1.01 at concurrency 1 on mtbench < 1.1 (1 of 2 "
         "measurements below;"
     )
-    assert not bench_verdict.judge([run_row(None, drafts=0)], cfg)["ok"]
-    assert bench_verdict.judge([run_row(2.2)], cfg)["ok"]
+    assert not bench_verdict.judge([run_row(None, drafts=0)])["ok"]
+    assert bench_verdict.judge([run_row(2.2)])["ok"]
     metrics = {
         "runs": [run_row(1.01)],
         "verdict": verdict,
@@ -141,27 +141,22 @@ def test_untrained_drafter_is_announced_loudly(tmp_path):
     assert "class='banner bad'>DRAFTER NOT WORKING" in report_html(metrics)
 
 
-CFG = {"min_acceptance_length": 1.1, "min_measured_to_predicted": 0.5}
-
-
 def test_measured_far_below_predicted_flags_a_mismatch_on_the_heldout_set():
     """Validation predicts 2.4; serving 1.3 on held-out training prompts means vLLM runs the
     drafter differently from how it was trained. On another set (a user's hard, partly
     non-English prompts) the same figures are expected and not alarming; at T>0 the greedy
     prediction does not apply, and a prediction near 1 is noise."""
-    verdict = bench_verdict.judge([run_row(2.2), run_row(1.3, prompt_set="heldout")], CFG)
+    verdict = bench_verdict.judge([run_row(2.2), run_row(1.3, prompt_set="heldout")])
     assert not verdict["ok"] and verdict["message"].startswith("TRAIN/SERVE MISMATCH?")
     assert "held-out" in verdict["message"]
     assert "1.30" in verdict["message"] and "2.40" in verdict["message"]
-    far = bench_verdict.judge(
-        [run_row(1.3, prompt_set="mine"), run_row(2.3, prompt_set="heldout")], CFG
-    )
+    far = bench_verdict.judge([run_row(1.3, prompt_set="mine"), run_row(2.3, prompt_set="heldout")])
     assert far["ok"] and far["problems"] == [], far
     heldout = {"prompt_set": "heldout"}
-    assert bench_verdict.judge([dict(run_row(1.3), temperature=0.7, **heldout)], CFG)["ok"]
-    assert bench_verdict.judge(
-        [dict(run_row(1.12), predicted_acceptance_length=1.15, **heldout)], CFG
-    )["ok"]
+    assert bench_verdict.judge([dict(run_row(1.3), temperature=0.7, **heldout)])["ok"]
+    assert bench_verdict.judge([dict(run_row(1.12), predicted_acceptance_length=1.15, **heldout)])[
+        "ok"
+    ]
 
 
 def test_a_drafter_that_slows_decoding_in_every_round_is_slower():
@@ -170,7 +165,6 @@ def test_a_drafter_that_slows_decoding_in_every_round_is_slower():
             run_row(1.26, speedup=0.84, spread=(0.81, 0.86)),
             dict(run_row(1.22, prompt_set="heldout", speedup=1.1), predicted_acceptance_length=1.3),
         ],
-        CFG,
     )
     assert not verdict["ok"]
     assert verdict["message"] == (
@@ -179,28 +173,23 @@ def test_a_drafter_that_slows_decoding_in_every_round_is_slower():
     )
     # with several k or temperatures the headline says which
     two_k = [run_row(1.3, speedup=0.9), dict(run_row(1.3, speedup=0.7), k=5)]
-    assert (
-        "0.70x at concurrency 1 on mtbench, k=5, T=0.0"
-        in bench_verdict.judge(two_k, CFG)["message"]
-    )
+    assert "0.70x at concurrency 1 on mtbench, k=5, T=0.0" in bench_verdict.judge(two_k)["message"]
 
 
 def test_verdicts_in_order_of_severity():
     """Every problem is listed, the most severe one is the headline."""
-    not_working_and_slower = bench_verdict.judge([run_row(1.02, speedup=0.8)], CFG)
+    not_working_and_slower = bench_verdict.judge([run_row(1.02, speedup=0.8)])
     assert [p.split(":")[0] for p in not_working_and_slower["problems"]] == [
         "DRAFTER NOT WORKING",
         "SLOWER",
     ]
     assert not_working_and_slower["message"].startswith("DRAFTER NOT WORKING")
-    mismatch_and_slower = bench_verdict.judge(
-        [run_row(1.3, prompt_set="heldout", speedup=0.9)], CFG
-    )
+    mismatch_and_slower = bench_verdict.judge([run_row(1.3, prompt_set="heldout", speedup=0.9)])
     assert [p.split(":")[0] for p in mismatch_and_slower["problems"]] == [
         "TRAIN/SERVE MISMATCH? held-out prompts (k=3)",
         "SLOWER",
     ]
-    not_used = bench_verdict.judge([run_row(None, drafts=0, speedup=0.5)], CFG)
+    not_used = bench_verdict.judge([run_row(None, drafts=0, speedup=0.5)])
     assert not_used["problems"] == [not_used["message"]]
     assert not_used["message"].startswith("DRAFTER NOT USED")
     everything = dict(
@@ -209,13 +198,12 @@ def test_verdicts_in_order_of_severity():
         surroundings=[CROWDED_GPU],
     )
     assert [
-        p.split(":")[0]
-        for p in bench_verdict.judge([everything], CFG, exact_outputs=True)["problems"]
+        p.split(":")[0] for p in bench_verdict.judge([everything], exact_outputs=True)["problems"]
     ] == ["OUTPUTS DIFFER", "DRAFTER NOT WORKING", "ONE ROUND", "NOT MEASURED ALONE"]
 
 
 def test_ok_verdict_says_what_it_judged():
-    ok = bench_verdict.judge([run_row(1.9), run_row(2.1, prompt_set="heldout", speedup=1.5)], CFG)
+    ok = bench_verdict.judge([run_row(1.9), run_row(2.1, prompt_set="heldout", speedup=1.5)])
     assert ok == {
         "ok": True,
         "message": "OK: acceptance length 1.90..2.10, speedup 1.20x..1.50x (median of 3 rounds, "
@@ -223,7 +211,7 @@ def test_ok_verdict_says_what_it_judged():
         "problems": [],
         "notes": [],
     }
-    without_heldout = bench_verdict.judge([run_row(1.9)], CFG)
+    without_heldout = bench_verdict.judge([run_row(1.9)])
     assert (
         without_heldout["ok"] and "train/serve mismatch not judged" in (without_heldout["message"])
     )
@@ -251,7 +239,7 @@ def test_speedup_over_rounds_median_spread_and_significance():
 
 def test_the_verdict_judges_the_median_against_its_spread():
     # a median below 1 whose spread crosses 1 is not called slower, nor OK
-    noise = bench_verdict.judge([run_row(2.0, speedup=0.97, spread=(0.93, 1.02))], CFG)
+    noise = bench_verdict.judge([run_row(2.0, speedup=0.97, spread=(0.93, 1.02))])
     assert not noise["ok"] and noise["message"].startswith("NO SPEEDUP: the rounds do not show")
     assert "0.93-1.02 over 3 rounds" in noise["message"]
 
@@ -263,7 +251,6 @@ def test_a_median_above_1_within_noise_is_no_speedup():
             run_row(2.0, speedup=1.03, spread=(0.98, 1.05)),
             run_row(2.1, prompt_set="heldout", speedup=1.4, spread=(1.3, 1.5)),
         ],
-        CFG,
     )
     assert not verdict["ok"]
     assert verdict["message"] == (
@@ -282,7 +269,6 @@ def test_one_round_is_never_ok():
                 run_row(1.9, speedup=speedup, rounds=1),
                 run_row(2.0, prompt_set="heldout", speedup=1.1, rounds=1),
             ],
-            CFG,
         )
         assert not verdict["ok"] and verdict["problems"] == [verdict["message"]]
         low, high = sorted((speedup, 1.1))
@@ -324,14 +310,14 @@ CROWDED_GPU = {"other_gpu_processes": [{"pid": 77, "name": "python3", "memory_mi
 
 def test_other_processes_on_the_gpu_or_the_cpu_are_not_measured_alone():
     crowded = dict(run_row(2.0, speedup=1.4, spread=(1.3, 1.5)), surroundings=[CROWDED_GPU])
-    gpu = bench_verdict.judge([crowded], CFG)
+    gpu = bench_verdict.judge([crowded])
     assert not gpu["ok"] and gpu["message"].startswith("NOT MEASURED ALONE")
     assert "77 python3" in gpu["message"]
     # Used to be OK: only GPU processes were looked at. Other processes took 40% of the
     # cores' time while the drafter ran (beside the bench's own servers, which do not count).
     busy = {"other_gpu_processes": None, "other_cpu_share": 0.4, "cpus": 2, "loadavg_1m": 5.1}
     loaded = dict(run_row(2.0, speedup=1.4, spread=(1.3, 1.5)), surroundings=[{}, busy])
-    cpu = bench_verdict.judge([loaded], CFG)
+    cpu = bench_verdict.judge([loaded])
     assert not cpu["ok"] and cpu["message"] == (
         "NOT MEASURED ALONE: other processes used 40% of the bench's 2 cores at concurrency 1 "
         "on mtbench (load average 5.1; more than 25% counts) during the measurement; its "
@@ -339,7 +325,7 @@ def test_other_processes_on_the_gpu_or_the_cpu_are_not_measured_alone():
     )
     quiet = dict(busy, other_cpu_share=0.03)
     calm = dict(run_row(2.0, speedup=1.4, spread=(1.3, 1.5)), surroundings=[{}, quiet])
-    assert bench_verdict.judge([calm], CFG)["ok"]
+    assert bench_verdict.judge([calm])["ok"]
 
 
 DIFFERING = {
@@ -353,14 +339,14 @@ def test_outputs_that_differ_in_float32_are_named_in_the_headline():
     """Used to be only counted: in float32 the drafter must not change what the target says at
     T = 0; in bf16 a one-pass verification rounds differently, so there it is a note."""
     row = dict(run_row(2.0, speedup=1.4, spread=(1.3, 1.5)), outputs_vs_baseline=DIFFERING)
-    exact = bench_verdict.judge([row], CFG, exact_outputs=True)
+    exact = bench_verdict.judge([row], exact_outputs=True)
     assert not exact["ok"] and exact["message"] == (
         "OUTPUTS DIFFER: at T = 0 in float32, 1 of 3 outputs with the drafter differ from the "
         "target's own (first: request 2 at concurrency 1 on mtbench, token 17); speculative "
         "decoding must not change them: check the server log, the vLLM version (docs/gpu.md) "
         "and bench.speculative_config"
     )
-    bf16 = bench_verdict.judge([row], CFG)
+    bf16 = bench_verdict.judge([row])
     assert bf16["ok"] and bf16["notes"][0].startswith("1 of 3 outputs at T = 0 differ")
     assert "class='banner ok'>OK" in report_html({"runs": [row], "verdict": bf16})
     assert "1 of 3 outputs at T = 0 differ" in report_html({"runs": [row], "verdict": bf16})
@@ -523,7 +509,7 @@ def report_html(metrics: dict) -> str:
 
 def test_report_shows_every_problem_and_marks_the_heldout_set():
     runs = [run_row(1.02, speedup=0.8), run_row(1.02, prompt_set="heldout", speedup=0.8)]
-    metrics = {"runs": runs, "verdict": bench_verdict.judge(runs, CFG), "consistency": {"ok": True}}
+    metrics = {"runs": runs, "verdict": bench_verdict.judge(runs), "consistency": {"ok": True}}
     html = report_html(metrics)
     assert "class='banner bad'>DRAFTER NOT WORKING" in html
     assert "class='banner bad'>SLOWER: the drafter makes decoding slower (0.80x" in html
@@ -544,7 +530,7 @@ def test_a_dflash_k_below_its_block_is_reported_not_served_as_trained():
     runs = [run_row(2.0)]
     metrics = {
         "runs": runs,
-        "verdict": bench_verdict.judge(runs, CFG),
+        "verdict": bench_verdict.judge(runs),
         "consistency": {"ok": True, "drafter": {}},
         "served_with_shorter_block": [note],
     }
@@ -607,6 +593,15 @@ def test_consistency_catches_train_serve_slips(tmp_path, target_json, trained):
     cfg["speculators_config"]["verifier"]["name_or_path"] = "/nonexistent/model"
     (broken / "config.json").write_text(json.dumps(cfg))
     assert any("does not exist" in p for p in problems(drafter_dir=broken))
+    # vLLM sizes the fc for num_aux_hidden_states aux layers (3 when absent), whatever the ids
+    cfg = json.loads((trained["dir"] / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == len(
+        cfg["eagle_aux_hidden_state_layer_ids"]
+    )
+    cfg["transformer_layer_config"]["num_aux_hidden_states"] = 2
+    (broken / "config.json").write_text(json.dumps(cfg))
+    fc_problem = "vLLM builds the drafter's fc for 2 aux layers"
+    assert any(fc_problem in p for p in problems(drafter_dir=broken))
 
 
 @pytest.mark.server
@@ -619,13 +614,14 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     bad = tmp_path / "drafter"
     shutil.copytree(trained["dir"], bad)
     weights = load_file(bad / "model.safetensors")
-    fc = next(k for k in weights if k.endswith("fc.weight"))
-    weights[fc] = weights[fc][:, :-7].contiguous()  # wrong shape
+    # (a wrong fc width is caught before any server starts: the consistency check's)
+    down = next(k for k in weights if k.endswith("down_proj.weight"))
+    weights[down] = weights[down][:, :-7].contiguous()  # wrong shape
     save_file(weights, bad / "model.safetensors")
     manifest = tmp_path / "manifest.json"
     write_json(manifest, trained["manifest"])
     train_metrics = tmp_path / "metrics.json"
-    write_json(train_metrics, {"epochs": []})
+    write_json(train_metrics, {"format": format_tag(TRAIN_METRICS), "epochs": []})
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
@@ -634,7 +630,7 @@ def test_unloadable_drafter_fails_with_its_cause(tmp_path, target_json, trained)
     cfg = default_config(bench={"prompt_sets": [], "max_tokens": 4, "pairing": "separate"})
     cfg["vllm"]["startup_timeout_s"] = 600
     baseline = tmp_path / "baseline.json"
-    write_json(baseline, {"sets": {}})
+    write_json(baseline, {"format": format_tag(BENCH_BASELINE), "sets": {}})
     with pytest.raises(
         bench.BenchError, match="vLLM failed to start the server with the eagle3 drafter"
     ) as err:
@@ -736,15 +732,15 @@ def test_requests_carry_the_chat_template_kwargs_of_the_bench_config():
     )
 
 
-def test_the_cache_key_of_a_run_without_template_kwargs_is_unchanged():
+def test_the_template_variables_are_part_of_the_cache_key():
     from eagle3_pipeline.bench import cache
     from eagle3_pipeline.config import validate
 
     cfg = validate({})
     none = cache.measurement_settings(cfg["bench"], cfg["vllm"])
-    assert "bench.chat_template_kwargs" not in none
     with_kwargs = dict(cfg["bench"], chat_template_kwargs={"enable_thinking": True})
-    assert cache.measurement_settings(with_kwargs, cfg["vllm"])["bench.chat_template_kwargs"]
+    thinking = cache.measurement_settings(with_kwargs, cfg["vllm"])
+    assert thinking["bench.chat_template_kwargs"] == {"enable_thinking": True} != none
 
 
 def test_validation_predicts_tau_at_t0_only():
@@ -761,15 +757,15 @@ def test_sampled_rows_without_the_cpu_fix_are_called_wrong():
     figure at T > 0 is wrong: the verdict says so first; with the fix, or at T = 0 only, or on a
     GPU (None), it does not."""
     sampled = [run_row(1.3), dict(run_row(1.02), temperature=1.0)]
-    v = bench_verdict.judge(sampled, CFG, cpu_sampling_fix=False)
+    v = bench_verdict.judge(sampled, cpu_sampling_fix=False)
     assert not v["ok"] and v["message"].startswith("WRONG AT T > 0: 1 measurements")
     assert "pip install -e ." in v["message"]
     for fix in (True, None):
         assert not any(
             p.startswith("WRONG AT T > 0")
-            for p in bench_verdict.judge(sampled, CFG, cpu_sampling_fix=fix)["problems"]
+            for p in bench_verdict.judge(sampled, cpu_sampling_fix=fix)["problems"]
         )
-    assert bench_verdict.judge([run_row(1.3)], CFG, cpu_sampling_fix=False)["ok"]
+    assert bench_verdict.judge([run_row(1.3)], cpu_sampling_fix=False)["ok"]
 
 
 @pytest.mark.server

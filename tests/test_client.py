@@ -12,7 +12,7 @@ import time
 import pytest
 
 from eagle3_pipeline.server import Endpoint, ServerError, external_endpoint
-from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.synth import client as synth_client
 
 ANSWER = {
     "id": "c",
@@ -90,7 +90,7 @@ def answer(srv, transport="aiohttp", **cfg):
             max_retries=c["retries"],
             transport=transport,
         ) as client:
-            return await synth.answer(client, Endpoint(srv.base_url, "m"), PROMPT, c)
+            return await synth_client.answer(client, Endpoint(srv.base_url, "m"), PROMPT, c)
 
     return asyncio.run(go())
 
@@ -118,19 +118,19 @@ def test_the_async_client_sends_through_aiohttp_and_times_out_as_a_transient_err
     assert isinstance(client._client, openai.DefaultAioHttpClient)
     server.delays = [3, 3]
     t0 = time.monotonic()
-    with pytest.raises(synth.Transient, match="Timeout"):
+    with pytest.raises(synth_client.Transient, match="Timeout"):
         answer(server, request_timeout_s=0.5, retries=1)
     assert len(server.requests) == 2 and time.monotonic() - t0 < 2.9
 
 
 def test_retries_run_out_and_refusals_are_final(server):
     server.statuses = [503, 503, 503]
-    with pytest.raises(synth.Transient, match="HTTP 503"):
+    with pytest.raises(synth_client.Transient, match="HTTP 503"):
         answer(server)
     assert len(server.requests) == 3
     server.requests.clear()
     server.statuses = [400]
-    with pytest.raises(synth.Rejected, match="HTTP 400"):
+    with pytest.raises(synth_client.Rejected, match="HTTP 400"):
         answer(server)
     assert len(server.requests) == 1  # a refusal is not retried
 

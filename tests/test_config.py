@@ -255,10 +255,10 @@ def test_bench_chat_template_kwargs_follow_synth_unless_set():
         assert params["bench"]["chat_template_kwargs"] == {"enable_thinking": True}
     off = cfglib.validate(set_key(thinking, "bench.chat_template_kwargs", {}))
     assert cfglib.bench_chat_template_kwargs(off) == {}
-    # none at all: the key stays out of the params (a default run keeps the params it had)
+    # none at all: empty in the params
     plain = cfglib.validate(default())
     assert (
-        "chat_template_kwargs" not in cfglib.result_config(plain, "bench", method="eagle3")["bench"]
+        cfglib.result_config(plain, "bench", method="eagle3")["bench"]["chat_template_kwargs"] == {}
     )
 
 
@@ -278,13 +278,13 @@ def test_bench_speculative_config_reaches_the_drafter_servers_and_their_params_o
     assert cfglib.result_config(cfg, "bench", method="eagle3")["bench"]["speculative_config"]
     assert "speculative_config" not in cfglib.result_config(cfg, "bench_baseline")["bench"]
     assert cache.measurement_settings(cfg["bench"], cfg["vllm"])["bench.speculative_config"]
-    # none: absent from the params and the cache key (a default run keeps what it had)
+    # none: empty in the params and the cache key
     plain = cfglib.validate(default())
     assert (
-        "speculative_config" not in cfglib.result_config(plain, "bench", method="eagle3")["bench"]
+        cfglib.result_config(plain, "bench", method="eagle3")["bench"]["speculative_config"] == {}
     )
-    assert "bench.speculative_config" not in cache.measurement_settings(
-        plain["bench"], plain["vllm"]
+    assert (
+        cache.measurement_settings(plain["bench"], plain["vllm"])["bench.speculative_config"] == {}
     )
     # the fields the pipeline sets are refused before any job starts
     with pytest.raises(cfglib.ConfigError, match="speculative_config"):
@@ -475,7 +475,7 @@ def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_jso
     the cause; a stage refuses it before starting a server."""
     from eagle3_pipeline import extract
     from eagle3_pipeline.engine.spec import spec_for_target
-    from eagle3_pipeline.synth import stage as synth
+    from eagle3_pipeline.synth import client as synth_client
     from eagle3_pipeline.target.stage import load_info
 
     target = load_info(target_json)  # the packaged SmolLM2-135M: 9 attention heads
@@ -488,10 +488,49 @@ def test_tensor_parallel_size_must_divide_the_targets_attention_heads(target_jso
         "that do: 1, 3, 9"
     )
     # the stages that start a server build its spec through this check
-    endpoint = synth.open_endpoints(cfg["synth"], cfg["vllm"], target, tmp_path / "server.log")
+    log = tmp_path / "server.log"
+    endpoint = synth_client.open_endpoints(cfg["synth"], cfg["vllm"], target, log)
     with pytest.raises(cfglib.ConfigError, match="does not divide"), endpoint:
         pass
     with pytest.raises(cfglib.ConfigError, match="does not divide"):
         extract.server_spec(cfg["vllm"], target, [2, 15, 27], tmp_path, cfg["extract"])
     tp3 = spec_for_target(dict(cfg["vllm"], tensor_parallel_size=3), target)
     assert tp3.tensor_parallel_size == 3 and tp3.model == target["model_path"]
+
+
+def _leaf_keys(node: dict, prefix: str = "", whys: tuple[str, ...] = ()):
+    """(dotted key, the descriptions of it and of the sections above it) per leaf key."""
+    whys = (*whys, node.get("description", ""))
+    if node.get("type") == "object" and node.get("properties"):
+        for name, child in node["properties"].items():
+            yield from _leaf_keys(child, f"{prefix}{name}.", whys)
+    else:
+        yield prefix[:-1], whys
+
+
+def _set_keys(cfg: dict, prefix: str = ""):
+    for key, value in cfg.items():
+        yield f"{prefix}{key}"
+        if key == "variants" and prefix == "train.":  # a variant sets train keys of its own
+            for variant in value.values():
+                yield from _set_keys({k: v for k, v in variant.items() if k != "method"}, prefix)
+        elif isinstance(value, dict):
+            yield from _set_keys(value, f"{prefix}{key}.")
+
+
+def test_every_key_is_set_by_a_config_here_or_says_who_sets_it():
+    """A knob is there for someone: a config of this repository uses it, or its description
+    says who needs it ("Who: ..."). A threshold nobody tunes is a constant in the code."""
+    files = [
+        p
+        for d in ("config", "tests/configs", "benchmarks/configs", "lab/configs")
+        for p in sorted((REPO / d).glob("*.yaml"))
+        if p.name != "schema.yaml"
+    ]
+    used = {k for p in files for k in _set_keys(yaml.safe_load(p.read_text()) or {})}
+    unexplained = [
+        key
+        for key, whys in _leaf_keys(cfglib.load_schema())
+        if key not in used and not any("Who:" in w for w in whys)
+    ]
+    assert len(files) >= 20 and not unexplained, unexplained

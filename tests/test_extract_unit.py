@@ -12,7 +12,10 @@ import torch
 from eagle3_pipeline import extract
 from eagle3_pipeline.hidden_states import checks as verify
 from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.disk import sample_bytes
+from eagle3_pipeline.runtime import disk
 from eagle3_pipeline.runtime.files import write_json
+from eagle3_pipeline.runtime.results import EXTRACT_PART, format_tag
 
 
 @pytest.fixture(scope="module")
@@ -116,17 +119,17 @@ def test_resolve_layers_and_disk_estimate():
         extract.resolve_layers({"layer_ids": [30]}, arch)
     with pytest.raises(extract.LayerIdError, match="out of range"):
         extract.resolve_layers({"layer_ids": None, "method_layer_ids": [31]}, arch)
-    bf16 = extract.sample_bytes(1000, 4, 4096, "bf16")
-    fp8 = extract.sample_bytes(1000, 4, 4096, "fp8")
+    bf16 = sample_bytes(1000, 4, 4096, "bf16")
+    fp8 = sample_bytes(1000, 4, 4096, "fp8")
     assert bf16 == 1000 * 4 * 4096 * 2 + 8000 + 512
     assert 0.5 < fp8 / bf16 < 0.51
 
 
 def test_disk_budget_fails_before_any_work(tmp_path):
-    info = extract.check_disk(tmp_path, 1024, 1.2)
+    info = disk.check_disk(tmp_path, 1024, 1.2)
     assert info["free_bytes"] > 1024
-    with pytest.raises(extract.DiskBudgetError, match="GiB free") as err:
-        extract.check_disk(tmp_path, 10**18, 1.2)
+    with pytest.raises(disk.DiskBudgetError, match="GiB free") as err:
+        disk.check_disk(tmp_path, 10**18, 1.2)
     assert "extract.storage: fp8" in str(err.value)
 
 
@@ -191,7 +194,7 @@ def test_gather_checks_parts_agree_and_cover_all(tmp_path):
             },
         }
         m.update(kw)
-        write_json(tmp_path / f"part_{k}.json", m)
+        write_json(tmp_path / f"part_{k}.json", {"format": format_tag(EXTRACT_PART), **m})
         return tmp_path / f"part_{k}.json"
 
     cfg = {"storage": "bf16"}

@@ -17,6 +17,7 @@ from eagle3_pipeline import bench
 from eagle3_pipeline.bench import gate, stage
 from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_pipeline.runtime.results import TRAIN_METRICS, format_tag
 
 from conftest import default_config
 from dag_runs import CI_CONFIG
@@ -112,7 +113,7 @@ def test_floors_on_measured_sets_are_valid():
 
 def test_a_floor_change_re_runs_only_the_judging_bench_job():
     """A floor is a result key of the bench job of the drafter it judges (its params re-judge),
-    never of the measurement (the cache) and absent from a drafter without floors."""
+    never of the measurement (the cache) and empty for a drafter without floors."""
     from eagle3_pipeline.bench.cache import measurement_settings
     from eagle3_pipeline.config import result_config
 
@@ -121,7 +122,7 @@ def test_a_floor_change_re_runs_only_the_judging_bench_job():
         train={"methods": ["eagle3", "dflash"]}, bench={"gate": {"floors": floors}}
     )
     assert result_config(cfg, "bench", method="dflash")["bench"]["gate"] == {"floors": floors}
-    assert "gate" not in result_config(cfg, "bench", method="eagle3")["bench"]
+    assert result_config(cfg, "bench", method="eagle3")["bench"]["gate"] == {"floors": []}
     assert "bench.gate" not in measurement_settings(cfg["bench"], cfg["vllm"])
 
 
@@ -205,7 +206,7 @@ def trained_drafter(resumed_run, fixture_data, tmp_path_factory):
     manifest = d / "manifest.json"
     shutil.copy(fixture_data["manifest"], manifest)
     train_metrics = d / "metrics.json"
-    write_json(train_metrics, {"epochs": []})
+    write_json(train_metrics, {"format": format_tag(TRAIN_METRICS), "epochs": []})
     return {
         "dir": Path(resumed_run["kwargs"]["drafter_dir"]),
         "manifest": manifest,

@@ -1,4 +1,4 @@
-"""What a failed run says it kept (runtime/kept.py): only unfinished parts, counted as the
+"""What a failed run says it kept (plan/kept.py): only unfinished parts, counted as the
 stages store them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3_pipeline.runtime import kept
+from eagle3_pipeline.plan import kept
 from eagle3_pipeline.runtime.files import AppendLog
 from eagle3_pipeline.synth.answers import AnswerStore
 

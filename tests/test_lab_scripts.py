@@ -70,3 +70,41 @@ def test_an_internal_import_is_found(tmp_path):
         "eagle3_pipeline.target: stage",
         "eagle3_pipeline.bench: _private",
     ]
+
+
+# A lab script that writes a result file (it takes --out or --json) records the revision of the
+# checkout that made it, as the benchmarks do (eagle3_lab.results.write_result; drafter_tau's
+# write_result and its neighbours' use of it go through it too).
+RESULT_WRITERS = SCRIPTS + sorted((REPO / "lab" / "tp_cpu").glob("*.py"))
+
+
+def writes_a_result(path: Path) -> tuple[bool, bool]:
+    """(takes --out or --json, calls write_result or the alias drafter_tau gives it)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    options = {
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and n.value in ("--out", "--json")
+    }
+    calls = {
+        (n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", ""))
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+    }
+    return bool(options), bool(calls & {"write_result", "write_with_revision"})
+
+
+@pytest.mark.parametrize("path", RESULT_WRITERS, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_lab_script_records_its_revision_in_what_it_writes(path):
+    takes_out, records = writes_a_result(path)
+    assert records or not takes_out, f"{path.name} writes a result without its revision"
+
+
+def test_a_result_writer_without_the_revision_is_found(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text('ap.add_argument("--out")\nPath(args.out).write_text(json.dumps(r))\n')
+    assert writes_a_result(script) == (True, False)
+    script.write_text('ap.add_argument("--out")\nwrite_result(args.out, r)\n')
+    assert writes_a_result(script) == (True, True)

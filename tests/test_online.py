@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline import extract, train
-from eagle3_pipeline.extract import online
 from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.disk import sample_bytes
+from eagle3_pipeline.online import servers as online_servers
+from eagle3_pipeline.online import spec as online_spec
 from eagle3_pipeline.prepare import stage as prepare
 from eagle3_pipeline.runtime.files import read_json, write_jsonl_zst
 from eagle3_pipeline.synth import stage as synth
@@ -98,7 +100,7 @@ def extraction_server(tmp_path_factory, target_json):
 
     cfg = extract_config()
     target = load_info(target_json)
-    layers = online.served_layers(target, cfg["extract"], None)["layer_ids"]
+    layers = online_servers.served_layers(target, cfg["extract"], None)["layer_ids"]
     staging = tmp_path_factory.mktemp("endpoint") / "staging"
     spec = extract.server_spec(cfg["vllm"], target, layers, staging, cfg["extract"])
     log = staging.parent / "server.log"
@@ -183,7 +185,7 @@ def test_hybrid_keeps_what_fits_and_reads_it_back(
     from datasets import load_from_disk
 
     ds = load_from_disk(str(data["dataset"])).with_format(None)
-    half = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
+    half = sum(sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
     cfg = extract_config(
         mode="hybrid", endpoints=[extraction_server["url"]], hybrid_disk_gib=half / 2**30
     )
@@ -196,7 +198,7 @@ def test_hybrid_keeps_what_fits_and_reads_it_back(
         assert (cache / shards.sample_path("", i, SAMPLES_PER_SHARD)).read_bytes() == (
             shards.sample_path(stored["hs"], i, SAMPLES_PER_SHARD).read_bytes()
         )
-    ledger = online.read_ledger(tmp_path / "train_work/online/served")
+    ledger = online_spec.read_ledger(tmp_path / "train_work/online/served")
     for i in range(len(ds)):
         sources = [r["source"] for r in ledger if r["index"] == i]
         want = ["generated", "cache"] if i < kept else ["generated"] * TRAIN["epochs"]
@@ -237,15 +239,15 @@ def test_hybrid_through_a_mooncake_store_trains_on_the_stored_states(
     from datasets import load_from_disk
 
     ds = load_from_disk(str(data["dataset"])).with_format(None)
-    half = sum(extract.sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
+    half = sum(sample_bytes(n, 4, 576, "bf16") for n in ds["seq_len"][: len(ds) // 2])
     cfg = extract_config(
         mode="hybrid",
         transport="mooncake",
         hybrid_disk_gib=half / 2**30,
-        mooncake={"segment_mib": 64, "buffer_mib": 16},
+        mooncake={"segment_mib": 64},
     )
     with files_appearing(tmp_path / "train_work/online/staging") as seen:
-        caplog.set_level("INFO", logger="eagle3_pipeline.train.extraction")
+        caplog.set_level("INFO", logger="eagle3_pipeline.online")
         m = train.run(**run_kwargs(tmp_path, target_json, data, cfg))
     assert not seen, sorted(seen)[:5]
     assert "Mooncake store: master 127.0.0.1:" in caplog.text
@@ -277,9 +279,9 @@ def test_servers_elsewhere_hand_their_samples_over_through_the_store(
     target = load_info(target_json)
     staging = tmp_path / "elsewhere/staging"
     with mooncake.running_master(str(tmp_path / "master.log")) as master:
-        moon = {"master": master, "segment_mib": 64, "buffer_mib": 16}
+        moon = {"master": master, "segment_mib": 64}
         cfg = extract_config(mode="online", transport="mooncake", mooncake=moon)
-        layers = online.served_layers(target, cfg["extract"], None)["layer_ids"]
+        layers = online_servers.served_layers(target, cfg["extract"], None)["layer_ids"]
         spec = extract.server_spec(cfg["vllm"], target, layers, staging, cfg["extract"])
         with VllmServer(spec, tmp_path / "server.log", cache_root=CACHE / "vllm") as server:
             cfg = extract_config(
@@ -366,7 +368,8 @@ def test_kill9_mid_epoch_resumes_without_a_sample_twice_or_skipped(
             assert killed, (tmp_path / "outer.log").read_text()[-3000:]
             # and once it has asked for a row past that checkpoint, so that the kill loses one
             past = trained_rows(data, killed) + 1
-            while len(online.read_ledger(work / "online/served")) < past and outer.poll() is None:
+            ledger = work / "online/served"
+            while len(online_spec.read_ledger(ledger)) < past and outer.poll() is None:
                 time.sleep(0.02)
             start = [r for r in _records(work) if r["kind"] == "start"][-1]
             os.kill(start["pid"], signal.SIGKILL)
@@ -379,7 +382,7 @@ def test_kill9_mid_epoch_resumes_without_a_sample_twice_or_skipped(
     starts = [r for r in _records(work) if r["kind"] == "start"]
     resume = starts[1]["resume_from"]
     assert resume["local_step"] > 0 and resume["global_step"] >= killed["global_step"]
-    ledger = online.read_ledger(work / "online/served")
+    ledger = online_spec.read_ledger(work / "online/served")
     first = [r["index"] for r in ledger if r["attempt"] == 1]
     second = [r["index"] for r in ledger if r["attempt"] == 2]
     done = trained_rows(data, resume)

@@ -11,14 +11,18 @@ import pytest
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract
 from eagle3_pipeline import plan as planlib
-from eagle3_pipeline.extract import online
 from eagle3_pipeline.hidden_states import shards
+from eagle3_pipeline.hidden_states.disk import sample_bytes
+from eagle3_pipeline.online import job as online_job
+from eagle3_pipeline.online import servers as online_servers
+from eagle3_pipeline.online import spec as online_spec
+from eagle3_pipeline.runtime import disk
 from eagle3_pipeline.runtime.files import AppendLog
 
 from conftest import default_config
 
 GIB = 2**30
-SPEC_ARGS = dict(  # online.write_spec's arguments but the extraction config
+SPEC_ARGS = dict(  # online_spec.write_spec's arguments but the extraction config
     endpoints=[{"base_url": "http://127.0.0.1:1/v1", "model": "m"}],
     model_path="m",
     arch={"hidden_size": 576},
@@ -35,26 +39,26 @@ SPEC_ARGS = dict(  # online.write_spec's arguments but the extraction config
 
 
 def test_hybrid_keeps_the_leading_rows_that_fit():
-    one = planlib.sample_bytes(100, 4, 576, "bf16")
+    one = sample_bytes(100, 4, 576, "bf16")
     lens = [100] * 10
-    assert online.kept_rows(lens, 4, 576, "bf16", None) == 10
-    assert online.kept_rows(lens, 4, 576, "bf16", 0) == 0
-    assert online.kept_rows(lens, 4, 576, "bf16", 3.5 * one / GIB) == 3
+    assert online_job.kept_rows(lens, 4, 576, "bf16", None) == 10
+    assert online_job.kept_rows(lens, 4, 576, "bf16", 0) == 0
+    assert online_job.kept_rows(lens, 4, 576, "bf16", 3.5 * one / GIB) == 3
     # the first row that does not fit ends the kept ones: the rule is the row index alone
-    assert online.kept_rows([100, 10_000, 100], 4, 576, "bf16", 2.5 * one / GIB) == 1
+    assert online_job.kept_rows([100, 10_000, 100], 4, 576, "bf16", 2.5 * one / GIB) == 1
 
 
 def test_the_hybrid_cache_is_kept_for_its_capture_and_rows_only(tmp_path):
     cache = tmp_path / "kept"
-    online.reset_cache(cache, "key-a", kept=4, samples_per_shard=2)
+    online_job.reset_cache(cache, "key-a", kept=4, samples_per_shard=2)
     for i in range(4):
         path = shards.sample_path(cache, i, 2)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
     (shards.sample_path(cache, 1, 2).parent / "hs_1.safetensors.partial").write_bytes(b"x")
-    online.reset_cache(cache, "key-a", kept=2, samples_per_shard=2)  # a smaller disk share
+    online_job.reset_cache(cache, "key-a", kept=2, samples_per_shard=2)  # a smaller disk share
     assert sorted(p.name for p in cache.rglob("hs_*")) == ["hs_0.safetensors", "hs_1.safetensors"]
-    online.reset_cache(cache, "key-b", kept=2, samples_per_shard=2)  # other layers or rows
+    online_job.reset_cache(cache, "key-b", kept=2, samples_per_shard=2)  # other layers or rows
     assert not list(cache.rglob("hs_*"))
 
 
@@ -71,8 +75,8 @@ def test_the_ledger_sums_what_training_was_fed(tmp_path):
         log.close()
     with open(tmp_path / "1-0.jsonl", "a") as fh:  # a line torn by a kill
         fh.write('{"index": 5, "sour')
-    s = online.served_summary(tmp_path)
-    assert [r["index"] for r in online.read_ledger(tmp_path)] == [0, 1, 0]
+    s = online_spec.served_summary(tmp_path)
+    assert [r["index"] for r in online_spec.read_ledger(tmp_path)] == [0, 1, 0]
     assert s["samples_generated"] == 2 and s["samples_from_disk"] == 1 and s["samples_kept"] == 1
     assert s["tokens_generated"] == 30 and s["largest_sample_bytes"] == 200
     assert s["next_token_agreement"] == 7 / 8 and s["next_token_positions"] == 8
@@ -80,9 +84,9 @@ def test_the_ledger_sums_what_training_was_fed(tmp_path):
 
 def test_servers_take_the_first_devices_and_the_trainer_the_rest():
     devices = [str(i) for i in range(8)]
-    assert online.endpoint_gpus(devices, 0, 2) == ["0", "1"]
-    assert online.endpoint_gpus(devices, 1, 2) == ["2", "3"]
-    assert online.trainer_devices(devices, 2, 2) == ["4", "5", "6", "7"]
+    assert online_servers.endpoint_gpus(devices, 0, 2) == ["0", "1"]
+    assert online_servers.endpoint_gpus(devices, 1, 2) == ["2", "3"]
+    assert online_servers.trainer_devices(devices, 2, 2) == ["4", "5", "6", "7"]
 
 
 def test_colocated_servers_share_the_trainers_devices_and_split_their_memory(target_json):
@@ -91,21 +95,22 @@ def test_colocated_servers_share_the_trainers_devices_and_split_their_memory(tar
     import json
 
     devices = ["0", "1"]
-    assert [online.endpoint_gpus(devices, k, 1, colocate=True) for k in range(3)] == [
+    assert [online_servers.endpoint_gpus(devices, k, 1, colocate=True) for k in range(3)] == [
         ["0"],
         ["1"],
         ["0"],
     ]
-    assert online.endpoint_gpus(devices, 1, 2, colocate=True) == ["0", "1"]
-    assert online.trainer_devices(devices, 3, 1, colocate=True) == devices
-    assert online.servers_per_gpu(3, 1, 2) == 2 and online.servers_per_gpu(1, 2, 2) == 1
+    assert online_servers.endpoint_gpus(devices, 1, 2, colocate=True) == ["0", "1"]
+    assert online_servers.trainer_devices(devices, 3, 1, colocate=True) == devices
+    assert online_servers.servers_per_gpu(3, 1, 2) == 2
+    assert online_servers.servers_per_gpu(1, 2, 2) == 1
     cfg = default_config(
         vllm={"device": "cuda", "extra_args": ["--gpu-memory-utilization", "0.9", "--seed", "1"]},
         extract={"mode": "online", "servers": 3, "colocate": True, "colocated_gpu_memory": 0.4},
         train={"gpus": 2},
     )
     target = json.loads(target_json.read_text())
-    specs = online.server_specs(
+    specs = online_servers.server_specs(
         cfg["extract"], cfg["vllm"], target, [2, 15, 27, 30], Path("s"), devices
     )
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0", "1", "0"]
@@ -113,7 +118,7 @@ def test_colocated_servers_share_the_trainers_devices_and_split_their_memory(tar
         assert spec.extra_args.count("--gpu-memory-utilization") == 1
         assert spec.extra_args[-2:] == ["--gpu-memory-utilization", "0.2000"]
         assert "--seed" in spec.extra_args
-    own = online.server_specs(
+    own = online_servers.server_specs(
         {**cfg["extract"], "colocate": False},
         cfg["vllm"],
         target,
@@ -187,7 +192,7 @@ def test_the_plan_shows_every_modes_disk_gpus_and_time(tmp_path):
     )
     plan = planlib.make_plan(cfg, tmp_path / "run")
     modes = plan["modes"]
-    largest = planlib.sample_bytes(cfg["prepare"]["seq_length"], 4, 576, "bf16")
+    largest = sample_bytes(cfg["prepare"]["seq_length"], 4, 576, "bf16")
     assert modes["stored"]["disk_bytes"] == plan["disk"]["bytes_by_storage"]["bf16"]
     in_flight = 2 * 3 * largest  # 2 processes x 3 DataLoader workers, a sample each
     assert modes["online"]["disk_bytes"] == in_flight
@@ -233,7 +238,7 @@ def test_through_a_mooncake_store_online_training_fills_no_disk(tmp_path):
 
 
 def test_the_plan_refuses_a_hybrid_share_the_disk_cannot_hold(tmp_path, monkeypatch):
-    monkeypatch.setattr(planlib, "free_bytes", lambda path: (GIB // 4, tmp_path))
+    monkeypatch.setattr(disk, "free_bytes", lambda path: (GIB // 4, tmp_path))
     cfg = default_config(extract={"mode": "hybrid", "hybrid_disk_gib": 5})
     (problem,) = [p for p in planlib.make_plan(cfg, tmp_path)["problems"] if p["check"] == "disk"]
     assert "extract.hybrid_disk_gib" in problem["message"]
@@ -319,18 +324,13 @@ def test_a_mooncake_transport_reaches_the_servers_connector_and_the_trainers_spe
     extra = spec.kv_transfer_config["kv_connector_extra_config"]
     assert extra["transport"] == "mooncake" and extra["mooncake"]["master"] == "head:50051"
     assert extra["mooncake"]["segment_mib"] == 256 and extra["mooncake"]["protocol"] == "tcp"
-    online_spec = online.write_spec(
-        tmp_path / "online.json",
-        **SPEC_ARGS,
-        extract_cfg=cfg,
-    )
-    assert online_spec["mooncake"]["master"] == "head:50051"
+    trainer_spec = online_spec.write_spec(tmp_path / "online.json", **SPEC_ARGS, extract_cfg=cfg)
+    assert trainer_spec["mooncake"]["master"] == "head:50051"
     files = default_config(extract={"mode": "online"})["extract"]
     extra = extract.server_spec(default_config()["vllm"], target, [2, 30], tmp_path, files)
     assert "transport" not in extra.kv_transfer_config["kv_connector_extra_config"]
-    assert (
-        online.write_spec(tmp_path / "f.json", **SPEC_ARGS, extract_cfg=files)["mooncake"] is None
-    )
+    trainer_spec = online_spec.write_spec(tmp_path / "f.json", **SPEC_ARGS, extract_cfg=files)
+    assert trainer_spec["mooncake"] is None
 
 
 def test_a_sample_goes_through_a_store_once_and_a_missing_one_names_its_server(
@@ -342,7 +342,7 @@ def test_a_sample_goes_through_a_store_once_and_a_missing_one_names_its_server(
     from eagle3_pipeline.hidden_states import mooncake
 
     with mooncake.running_master(str(tmp_path / "master.log")) as master:
-        cfg = {"master": master, "buffer_mib": 16}
+        cfg = {"master": master}
         server, trainer = mooncake.open_store(cfg, 64 * mooncake.MIB), mooncake.open_store(cfg, 0)
         key = str(tmp_path / "staging/server_0/req-1.safetensors")
         data = bytes(range(256)) * 4096

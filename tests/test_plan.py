@@ -17,7 +17,9 @@ import yaml
 
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import plan as planlib
+from eagle3_pipeline.hidden_states.disk import sample_bytes
 from eagle3_pipeline.plan.model_shape import param_counts
+from eagle3_pipeline.runtime import disk
 
 from smkcli import REPO, parse_jobs, snakemake
 
@@ -99,7 +101,7 @@ def test_kimi_plan_printed_by_a_dry_run(kimi, tmp_path):
     }
     # 10,000 prompts less 8 held out, each up to prepare.seq_length 8192 tokens, 4 layers of 7168
     rows = 10000 - 8
-    hs = rows * planlib.sample_bytes(8192, 4, 7168, "bf16")
+    hs = rows * sample_bytes(8192, 4, 7168, "bf16")
     assert lines["rows"].startswith(f"{rows:,} x 8,192 tokens = {rows * 8192:,} tokens")
     assert lines["hidden states"].startswith(f"{hs / GIB:,.1f} GiB (bf16")
     for stage in ("synth", "extract", "train"):
@@ -200,12 +202,12 @@ def test_each_stage_has_its_jobs_gpu_hours_and_wall_time(kimi, tmp_path):
 @pytest.mark.parametrize("storage", ["bf16", "fp8"])
 def test_hidden_state_bytes_in_both_storages(kimi, tmp_path, monkeypatch, storage):
     """Both sizes whichever storage is configured; the disk check uses the configured one."""
-    both = {s: ANCHOR_SAMPLES * planlib.sample_bytes(8192, 4, 7168, s) for s in ("bf16", "fp8")}
+    both = {s: ANCHOR_SAMPLES * sample_bytes(8192, 4, 7168, s) for s in ("bf16", "fp8")}
     assert 0.5 < both["fp8"] / both["bf16"] < 0.51  # one byte a value and a scale per token
     # a disk that holds the fp8 states with their margin but not the bf16 ones
     usage = shutil.disk_usage(tmp_path)
     free = int(both["fp8"] * 1.2 * 1.01)
-    monkeypatch.setattr(planlib.shutil, "disk_usage", lambda p: usage._replace(free=free))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage._replace(free=free))
     plan = anchor_plan(kimi, tmp_path, extract={"storage": storage})
     assert plan["disk"]["bytes_by_storage"] == both
     assert plan["disk"]["hidden_state_bytes"] == both[storage]
@@ -343,12 +345,12 @@ def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
 
 @pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_a_too_small_disk_stops_a_real_run_before_synth(kimi, tmp_path):
-    # a margin no disk meets, whatever this machine has free
+    # more prompts than any disk holds the hidden states of, whatever this machine has free
     proc = dry_run(
         tmp_path,
         "kimi-k2.5.yaml",
         f"target={{path: {kimi}}}",
-        "extract={disk_margin: 1000000}",
+        "prompts={train: [{source: sharegpt, n: 1000000000}]}",
         real=True,
         check=False,
     )
@@ -363,7 +365,7 @@ def test_the_disk_check_counts_what_is_stored_and_the_override(monkeypatch, llam
     cfg = profile("llama-8b", llama, results_dir=str(tmp_path))
     free = {"bytes": 10**15}
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(planlib.shutil, "disk_usage", lambda p: usage._replace(free=free["bytes"]))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage._replace(free=free["bytes"]))
     assert planlib.make_plan(cfg, tmp_path / "llama-8b")["problems"] == []
     free["bytes"] = 10 * GIB
     plan = planlib.make_plan(cfg, tmp_path / "llama-8b")
@@ -373,9 +375,9 @@ def test_the_disk_check_counts_what_is_stored_and_the_override(monkeypatch, llam
     cfg["plan"]["allow"] = ["disk"]
     assert planlib.refusals(plan, cfg) == []
     # the extract job's check is the same code: refuses, or warns with the override
-    with pytest.raises(planlib.DiskBudgetError, match=r"plan.allow: \[disk\]"):
-        planlib.check_disk(tmp_path, 20 * GIB, 1.2)
-    assert planlib.check_disk(tmp_path, 20 * GIB, 1.2, allow=True)["free_bytes"] == 10 * GIB
+    with pytest.raises(disk.DiskBudgetError, match=r"plan.allow: \[disk\]"):
+        disk.check_disk(tmp_path, 20 * GIB, 1.2)
+    assert disk.check_disk(tmp_path, 20 * GIB, 1.2, allow=True)["free_bytes"] == 10 * GIB
 
 
 def test_weights_larger_than_the_gpus_at_the_tp_size(kimi, tmp_path):

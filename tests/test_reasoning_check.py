@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.synth import answers
+from eagle3_pipeline.synth import answers, records
 from eagle3_pipeline.synth import check as reasoning
 from eagle3_pipeline.synth import stage as synth
 
@@ -266,8 +266,8 @@ def test_a_parser_the_check_cannot_use_fails_before_any_answer(target_json):
 
     target = load_info(target_json)
     with pytest.raises(synth.SynthError, match=r"synth\.reasoning_parser='deepseek_r1'"):
-        synth.check_tools(target, {"reasoning_parser": "deepseek_r1"})
-    assert synth.check_tools(target, {"reasoning_parser": None})[1] is None
+        records.check_tools(target, {"reasoning_parser": "deepseek_r1"})
+    assert records.check_tools(target, {"reasoning_parser": None})[1] is None
 
 
 def test_a_failed_check_keeps_the_answers_and_relaxing_it_asks_for_none(tmp_path, target_json):

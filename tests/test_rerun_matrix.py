@@ -130,8 +130,6 @@ PROMPTS_BENCH = [f"prompts_bench[name={s['name']}]" for s in CI["prompts"]["benc
         ("temperatures", [0.0, 0.5], True, []),
         ("concurrency", [2], True, []),
         ("max_tokens", 16, True, PROMPTS_BENCH),
-        ("min_acceptance_length", 1.5, False, []),  # verdict thresholds
-        ("min_measured_to_predicted", 0.3, False, []),
         # the gate's floors re-judge (its measurements are cached: benchmarks/ and test_gate)
         ("gate", {"floors": [{"prompt_set": "mybench", "acceptance_length": 1.0}]}, False, []),
     ],

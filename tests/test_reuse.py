@@ -14,6 +14,7 @@ from eagle3_pipeline import bench, extract
 from eagle3_pipeline.bench import cache, measure, stage
 from eagle3_pipeline.hidden_states import shards
 from eagle3_pipeline.runtime.files import read_json, write_json
+from eagle3_pipeline.runtime.results import EXTRACT_PART, HIDDEN_STATES, TRAIN_METRICS, format_tag
 from eagle3_pipeline.synth import answers
 
 from conftest import default_config
@@ -176,7 +177,7 @@ def test_gather_frees_samples_no_row_uses(tmp_path):
             "reference": None,
         },
     }
-    write_json(tmp_path / "parts" / "part_0.json", part)
+    write_json(tmp_path / "parts" / "part_0.json", {"format": format_tag(EXTRACT_PART), **part})
     extract.gather([tmp_path / "parts" / "part_0.json"], tmp_path / "manifest.json", {})
     assert not (tmp_path / extract.REUSE).exists()
 
@@ -187,7 +188,7 @@ def test_gather_frees_samples_no_row_uses(tmp_path):
 def test_bench_fingerprint_covers_what_a_measurement_depends_on(tmp_path):
     cfg = default_config()
     settings = cache.measurement_settings(cfg["bench"], cfg["vllm"])
-    assert "bench.prompt_sets" not in settings and "bench.min_acceptance_length" not in settings
+    assert "bench.prompt_sets" not in settings and "bench.gate" not in settings
     assert settings["bench.max_tokens"] == cfg["bench"]["max_tokens"]
     # rounds as they run on this device (auto: 1 on the CPU), and how they pair
     assert settings["bench.rounds"] == 1 and settings["bench.pairing"] == "alternate"
@@ -273,8 +274,9 @@ def bench_inputs(tmp_path, monkeypatch, target_json):
         lambda *a: {"ok": True, "problems": [], "drafter": {"speculators_model_type": "eagle3"}},
     )
     write_json(tmp_path / "target.json", {**read_json(target_json), "identity": "t"})
-    write_json(tmp_path / "manifest.json", {"aux_layer_ids": [1]})
-    write_json(tmp_path / "metrics.json", {"epochs": []})
+    manifest = {"format": format_tag(HIDDEN_STATES), "aux_layer_ids": [1]}
+    write_json(tmp_path / "manifest.json", manifest)
+    write_json(tmp_path / "metrics.json", {"format": format_tag(TRAIN_METRICS), "epochs": []})
     drafter = tmp_path / "drafter"
     drafter.mkdir()
     write_json(drafter / "config.json", {})
@@ -331,8 +333,9 @@ def test_bench_measures_only_sets_it_has_no_result_for(bench_inputs):
     files["one"].write_text(json.dumps({"id": "one-edited", "messages": [user("one")]}) + "\n")
     run(["one", "two"], **sep)  # an edited set is measured again, alone
     assert asked[-2:] == [("baseline", ["one"]), ("drafter", ["one"])]
-    _, judged = run(["one", "two"], min_acceptance_length=2.0, **sep)  # a threshold re-judges
-    assert len(asked) == 6 and not judged["verdict"]["ok"]
+    floor = {"prompt_set": "one", "acceptance_length": 1.0}
+    _, judged = run(["one", "two"], gate={"floors": [floor]}, **sep)  # a floor re-judges
+    assert len(asked) == 6 and judged["gate"]["passed"]
     run(["one", "two"], num_speculative_tokens=[2, 3], **sep)  # another k: only it, baseline stays
     assert asked[6:] == [("drafter", ["one", "two"])]  # one server, for k = 2 (3 is cached)
     run(["one", "two"], max_tokens=7, **sep)  # a measurement setting: everything again

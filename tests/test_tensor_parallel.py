@@ -44,7 +44,6 @@ def extract_at(tp: int, root: Path, target_json, dataset):
         extract={
             "samples_per_shard": SAMPLES_PER_SHARD,
             "concurrency": 2,
-            "reference_rows": 1,
             "request_timeout_s": 60,
             "retries": 0,
             "server_args": ["--num-gpu-blocks-override", str(KV_BLOCKS)],

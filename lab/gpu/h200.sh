@@ -35,6 +35,7 @@ case $cmd in
     # A copy: the remote command's own tree is replaced by every later command.
     tar --exclude=./.gpu --exclude=./results --exclude=./.snakemake -cf - . | tar -xf - -C "$W/repo"
     cd "$W/repo"
+    python3 lab/gpu/entry_points.py src  # the package's vLLM plugins, run from its source
     setsid nohup bash lab/gpu/steps.sh "$@" > "$W/plan.log" 2>&1 < /dev/null &
     echo $! > "$W/plan.pid"
     echo "plan started (pid $(cat "$W/plan.pid")): $*"

@@ -82,7 +82,7 @@ m_speed() {  # its server starts yield the CPUs to the trainings (nice); measure
 # earlier host (collect --drafters RUN:NAME --slim, its parts copied to $W/drafters before
 # start) is put back from the run's target, made here; the held-out set is then the committed
 # run's (benchmarks/results/gpu_runs/RUN/prompts). M_ROUNDS_HELDOUT=0 times MT-Bench only:
-# data, trainings and both drafters' rounds then fit one 30-minute host (21 minutes with the bundle).
+# data, trainings and both drafters' rounds then take 21 minutes with the bundle (under 30).
 m_rounds() {
   local x d=() heldout=$R/prompts/bench_heldout.jsonl sets=(--mtbench 80)
   [ -f "$R/target/target.json" ] || smk m1 "${M[@]}" --until target || return
@@ -174,11 +174,13 @@ eff() { eff_synth; eff_extract_8b; eff_extract; }
 # round's drafter of each mode has its acceptance measured (T = 0). Alone on the GPU.
 # ONLINE_PROMPTS: fewer than the config's 4,000 where less of a host is left.
 ONLINE_RUN=results/gpu-online-rounds
-ONLINE_BASE=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
 online_prep() {  # the on-policy journal copied in; ONLINE_CFG: the config files, with
-  # ONLINE_PROMPTS's (set afresh each call: steps of a lane share one shell)
+  # ONLINE_PROMPTS's (set afresh each call: steps of a lane share one shell). Q_ON_POLICY is
+  # read here, when a step runs: it is defined further down this file, and read where this
+  # function is defined it was empty, so the rounds ran on answers asked with the dataset's
+  # context (their synth stats say `context: dataset`) instead of the on-policy run's
   local journal=results/gpu-quality-on-policy/synth/.partial
-  ONLINE_CFG=("${ONLINE_BASE[@]}")
+  ONLINE_CFG=("${Q_ON_POLICY[@]:2}" lab/configs/gpu_online_rounds.yaml)
   if [ -d "$journal" ] && [ ! -d "$ONLINE_RUN/synth/.partial" ]; then
     mkdir -p "$ONLINE_RUN/synth" && cp -r "$journal" "$ONLINE_RUN/synth/" || return
   fi
@@ -337,6 +339,34 @@ curve() {
   python3 benchmarks/tau_vs_data.py --run results/gpu-quality --config config/gpu-quality.yaml \
     --sizes 2500 5000 10000 --prompt-sets mtbench
 }
+# The Kimi-K2.5 profile on the miniature (lab/configs/gpu_kimi_miniature.yaml; the model carried
+# in parts, `unpack .gpu/mini/kimi-miniature.tar.xz` puts it at models/kimi-miniature): the data
+# (synth through the kimi_k2 parser, extraction), the drafter, what the served drafter is fed
+# (benchmarks/serve_features.py), then the bench in rounds and the report; its servers' logs
+# name the MLA backend and the MoE method vLLM picked.
+#   start facts km_data,km_train,km_features,km_bench
+KM_CFG=(--configfile config/kimi-k2.5.yaml lab/configs/gpu_kimi_miniature.yaml)
+KM=results/kimi-miniature
+km_data() { smk km "${KM_CFG[@]}" --until extract_gather vocab prompts_bench; }
+km_train() { smk km $KM/drafter/eagle3/metrics.json "${KM_CFG[@]}"; }
+km_features() {
+  python3 benchmarks/serve_features.py "${KM_CFG[@]}" --rows 8 --generate 48 \
+    --out "$W/bench/gpu_kimi_miniature_serve_features.json"
+}
+km_bench() { smk km "${KM_CFG[@]}"; }
+# Extraction against a bare prefill of the same rows (benchmarks/extract_throughput.py), bf16
+# and fp8 storage, 3 rounds each, on the run's prepared rows
+km_extract_rates() {
+  python3 -c 'import sys, yaml; from eagle3_pipeline import config as c
+yaml.safe_dump(c.load_files(sys.argv[1:]), open("/tmp/w/km_config.yaml", "w"))' "${KM_CFG[@]:1}" || return
+  for storage in bf16 fp8; do
+    python3 benchmarks/extract_throughput.py --config /tmp/w/km_config.yaml \
+      --target $KM/target/target.json --dataset $KM/prepare/dataset --rows 1024 \
+      --concurrency 64 --rounds 3 --storage $storage \
+      --out "$W/bench/gpu_kimi_miniature_extract_${storage}_rounds.json" || return
+  done
+}
+
 facts() {
   nvidia-smi
   python3 -c 'import sys, torch

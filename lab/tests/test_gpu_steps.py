@@ -217,6 +217,17 @@ def test_the_online_rounds_config_trains_online_on_the_one_gpu(host_copy, tmp_pa
     assert cfg["run"] == "gpu-online-rounds" and cfg["prompts"]["train"][0]["n"] == 4000
 
 
+def test_the_online_steps_read_the_on_policy_runs_configs(host_copy, tmp_path):
+    """online_prep's config files are the on-policy run's and the online-rounds one, in that
+    order: the on-policy answers are the data the rounds train on."""
+    out = call_step(host_copy, tmp_path, 'online_prep && printf "%s\\n" "${ONLINE_CFG[@]}"')
+    assert out.split() == [
+        "lab/configs/gpu_quality_levers.yaml",
+        "lab/configs/gpu_quality_on_policy.yaml",
+        "lab/configs/gpu_online_rounds.yaml",
+    ]
+
+
 def test_the_online_smoke_step_trains_online_on_a_few_rows(host_copy, tmp_path):
     """online_smoke: one online training (no extract job) on ONLINE_PROMPTS rows of the
     online-rounds run."""

@@ -96,8 +96,9 @@ def main() -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
+        from eagle3_lab.results import write_result
+
+        write_result(args.json, result)
     return 0
 
 

@@ -31,11 +31,11 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--out", required=True)
     ap.add_argument("--concurrency", type=int, default=None)
-    ap.add_argument("--reference-rows", type=int, default=None)
     ap.add_argument(
         "--server-arg", action="append", default=[], help="extra vLLM server argument (repeat)"
     )
     args = ap.parse_args()
+    from eagle3_lab.results import write_result
     from eagle3_pipeline.runtime import setup_logging
 
     setup_logging(None)
@@ -58,8 +58,6 @@ def main() -> int:
     ecfg = dict(cfg["extract"])
     if args.concurrency:
         ecfg["concurrency"] = args.concurrency
-    if args.reference_rows is not None:
-        ecfg["reference_rows"] = args.reference_rows
     ecfg["server_args"] = list(ecfg["server_args"]) + args.server_arg
     vllm_cfg = dict(cfg["vllm"], tensor_parallel_size=args.tp)
 
@@ -86,7 +84,7 @@ def main() -> int:
         "verification": manifest["verification"],
         "connector": extract.CONNECTOR,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_result(out / "summary.json", summary)
     print(json.dumps(summary, indent=2))
     return 0
 

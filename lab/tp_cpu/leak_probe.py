@@ -72,6 +72,7 @@ def main() -> int:
 
     from datasets import load_from_disk
 
+    from eagle3_lab.results import write_result
     from eagle3_pipeline import config, extract
     from eagle3_pipeline.server import VllmServer
     from eagle3_pipeline.server import client as client_lib
@@ -143,8 +144,7 @@ def main() -> int:
                     break
         result["idle_cpu_s_per_s"] = idle_cpu(server.proc.pid, args.idle_s)
         result["idle_window_s"] = args.idle_s
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.json, result)
     return 0
 
 

@@ -60,7 +60,9 @@ def main() -> int:
     text = json.dumps(rows, indent=2)
     print(text)
     if args.json:
-        Path(args.json).write_text(text + "\n")
+        from eagle3_lab.results import write_result
+
+        write_result(args.json, {"runs": rows})
     return 0
 
 

@@ -31,6 +31,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    from eagle3_lab.results import write_result
     from eagle3_pipeline.runtime import setup_logging
 
     setup_logging(None)
@@ -91,7 +92,7 @@ def main() -> int:
         "bridges": metrics["attempts"][0]["bridges"] if metrics.get("attempts") else None,
         "wall_s": metrics["wall_s"],
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_result(out / "summary.json", summary)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -20,7 +20,7 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The prompt token ids vLLM's chat endpoint renders for ``messages`` (the bench stage
     sends no chat_template_kwargs): the chat template with the generation prompt, exactly as
     the synth stage's token-exact check renders them."""
-    from eagle3_pipeline.synth.stage import render_ids
+    from eagle3_pipeline.target.chat import render_ids
 
     return render_ids(tokenizer, messages, {}, add_generation_prompt=True)
 

@@ -9,21 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import RESULT_KEYS
 from ..runtime.files import iter_jsonl, read_json, sha256_file, stable_hash, write_json
+from ..staleness.keys import RESULT_KEYS
 from .measure import bench_rounds
 
 log = logging.getLogger(__name__)
 
 # Result-determining keys (config.RESULT_KEYS) that do not change a measurement: the sets to
-# report, the verdict's thresholds and the gate's floors. A change re-runs the job, which
-# re-judges cached results.
-NOT_MEASURED = (
-    "bench.prompt_sets",
-    "bench.min_acceptance_length",
-    "bench.min_measured_to_predicted",
-    "bench.gate",
-)
+# report and the gate's floors. A change re-runs the job, which re-judges cached results.
+NOT_MEASURED = ("bench.prompt_sets", "bench.gate")
 # Bump when what a cache entry holds changes: older entries are then measured again.
 CACHE_FORMAT = 4
 
@@ -37,10 +31,6 @@ def measurement_settings(cfg: dict, vllm_cfg: dict, rule: str = "bench") -> dict
         if key not in NOT_MEASURED:
             section, name = key.split(".")
             out[key] = sections[section].get(name)
-    for key in ("bench.chat_template_kwargs", "bench.speculative_config"):
-        if not out.get(key):
-            # none: the key stays out, so entries measured before it existed still count
-            out.pop(key, None)
     out["bench.rounds"] = bench_rounds(cfg, vllm_cfg)
     return out
 

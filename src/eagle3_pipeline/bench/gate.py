@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config.values import bench_sets, speculative_tokens
+from .settings import bench_sets, speculative_tokens
 
 # Beside bench/<method>/metrics.json, and not a declared output: Snakemake deletes a failed
 # job's outputs, and a failed gate's numbers must survive the failure.

@@ -25,14 +25,17 @@ from ..engine import cpu_fixes as vllm_cpu_fixes
 from ..engine.spec import seeded_sampling_args, served_dtype, spec_for_target
 from ..methods import consistency, predicted_acceptance_length
 from ..prompts.selection import context_tokens
-from ..runtime.files import read_json, sha256_file, write_json
+from ..runtime import results
+from ..runtime.files import sha256_file, write_json
 from ..runtime.provenance import provenance
 from ..server import ServerError, VllmServer
 from ..stats import median
 from ..target.chat import context_limit
+from ..target.serving import facts_of
 from ..target.stage import load_info
+from . import features as features_lib
 from . import gate as gate_lib
-from .cache import baseline_key, drafter_key, measure_cached
+from .cache import baseline_key, drafter_identity, drafter_key, measure_cached
 from .measure import (
     BASELINE,
     DRAFTER,
@@ -115,15 +118,18 @@ def start_server(
     log_path,
     paired: bool = False,
     cache_root=None,
+    env: dict[str, str] | None = None,
 ) -> VllmServer:
     """A vLLM server for the target, with the drafter of ``spec_cfg`` (None: without one);
-    ``cache_root``: its own vLLM compile cache (servers compiling side by side)."""
+    ``cache_root``: its own vLLM compile cache (servers compiling side by side); ``env``:
+    more environment for it."""
     spec = spec_for_target(
         vllm_cfg,
         target,
         extra_args=server_args(cfg, vllm_cfg, paired),
         speculative_config=spec_cfg,
     )
+    spec.env.update(env or {})
     try:
         return VllmServer(spec, log_path, cache_root).start()
     except ServerError as e:
@@ -199,6 +205,7 @@ def run_baseline(
 
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
     baseline = {
+        "format": results.format_tag(results.BENCH_BASELINE),
         "sets": {
             name: {"prompts_sha256": sha256_file(prompt_files[name]), "runs": runs}
             for name, runs in by_set.items()
@@ -307,9 +314,11 @@ def run(
     train.methods, a method or a variant; default: the method) labels its rows."""
     target = load_info(target_json)
     # the extraction's manifest; online/hybrid (none) what the train job extracted itself
-    manifest = read_json(manifest_path or train_metrics)
-    if not manifest_path:
-        manifest = manifest["hidden_states"]
+    trained = results.read_result(train_metrics, results.TRAIN_METRICS)
+    if manifest_path:
+        manifest = results.read_result(manifest_path, results.HIDDEN_STATES)
+    else:
+        manifest = trained["hidden_states"]
     drafter_dir = str(Path(drafter_dir).resolve())
     check = consistency.check(drafter_dir, manifest, target)
     if not check["ok"]:
@@ -331,14 +340,49 @@ def run(
     if not paired and baseline_json is None:
         raise BenchError("bench.pairing: separate needs the baseline's measurements")
     rounds = bench_rounds(cfg, vllm_cfg)
-    prediction = read_json(train_metrics).get("prediction") or {}
+    prediction = trained.get("prediction") or {}
     name = name or method
     t0 = time.monotonic()
 
+    # the aux features the served drafter is fed, checked on its first server (stored hidden
+    # states only: online and hybrid runs keep none to compare with)
+    identity = drafter_identity(drafter_dir)
+    probe = own.speculative_config()["method"] == "eagle3" and bool(manifest_path)
+    served_features = features_lib.cached(cache_dir, identity, manifest) if probe else None
+
     def drafter_server(k: int) -> VllmServer:
+        nonlocal served_features
         spec_cfg = speculative_config(method, drafter_dir, k, cfg)
         what = f"the server with the {method} drafter (k={k})"
-        return start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired)
+        probe_here = probe and served_features is None
+        probe_dir = features_lib.probe_dir() if probe_here else None
+        env = features_lib.probe_env(probe_dir) if probe_here else None
+        server = start_server(cfg, vllm_cfg, target, spec_cfg, what, log_path, paired, env=env)
+        if probe_here:
+            try:
+                served_features = features_lib.check(
+                    server.base_url,
+                    server.spec.model,
+                    probe_dir,
+                    manifest,
+                    check["drafter"]["aux_layer_ids"],
+                    vllm_cfg["max_model_len"],
+                )
+            except Exception:
+                server.stop()
+                raise
+            problem = features_lib.verdict_problem(served_features)
+            if problem:
+                server.stop()
+                raise BenchError(problem)
+            features_lib.keep(cache_dir, identity, manifest, served_features)
+            log.info(
+                "served drafter's features match the extraction: relative error per aux "
+                "layer %s over %d positions",
+                [round(e, 5) for e in served_features["rel_err_per_layer"]],
+                served_features["positions"],
+            )
+        return server
 
     def measure_todo(todo: dict[int, dict[str, list[dict]]], keep) -> int:
         """One drafter server per k with sets to measure, beside one baseline server."""
@@ -367,7 +411,7 @@ def run(
 
     key = drafter_key(drafter_dir, target, cfg, vllm_cfg)
     by_set, this_run = measure_cached(prompt_files, cache_dir, key, measure_todo)
-    shared = None if paired else read_json(baseline_json)
+    shared = None if paired else results.read_result(baseline_json, results.BENCH_BASELINE)
     order = {
         "k": ks,
         "temperature": cfg["temperatures"],
@@ -393,14 +437,16 @@ def run(
     # on the CPU, whether vLLM could load the fix that makes acceptance at T > 0 right
     cpu_sampling_fix = vllm_cpu_fixes.installed() if vllm_cfg["device"] == "cpu" else None
     # in float32 speculative decoding at T = 0 must give the target's own tokens
-    exact = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"]) == "float32"
-    verdict = judge(runs, cfg, cpu_sampling_fix, exact_outputs=exact)
+    served = served_dtype(vllm_cfg["device"], vllm_cfg["dtype"], facts_of(target["model_path"]))
+    exact = served == "float32"
+    verdict = judge(runs, cpu_sampling_fix, exact_outputs=exact)
     gate_path = Path(metrics_out).with_name(gate_lib.GATE_FILE)
     gate = gate_lib.judge(runs, gate_lib.floors_for(cfg.get("gate") or {}, name), gate_path)
     shorter = own.serve_notes(check["drafter"], ks)
     for note in shorter:
         log.warning("%s: NOT SERVED AS TRAINED at %s", name, note)
     metrics = {
+        "format": results.format_tag(results.BENCH_METRICS),
         "method": name,
         "speculators_method": method,
         "pairing": cfg["pairing"],
@@ -412,6 +458,8 @@ def run(
         "verdict": verdict,
         "gate": gate,
         "consistency": check,
+        "served_features": served_features
+        or {"checked": False, "why": "no stored hidden states (extract.mode) or not EAGLE-3"},
         "served_with_shorter_block": shorter,
         "prediction": prediction,
         "this_run": this_run,

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import HELDOUT_SET
+from ..prompts.selection import HELDOUT_SET
 from ..stats import median
 
 ONE_ROUND, FASTER, SLOWER, WITHIN_NOISE = "one round", "faster", "slower", "within noise"
+# DRAFTER NOT WORKING below this acceptance length (1.0: every draft rejected); floors of a
+# user's own are bench.gate's
+MIN_ACCEPTANCE_LENGTH = 1.1
+# TRAIN/SERVE MISMATCH? where (measured tau - 1) / (predicted tau - 1) on the held-out set
+# falls below this at T = 0 (with a prediction of at least 1.2)
+MIN_MEASURED_TO_PREDICTED = 0.5
 
 
 def speedup_stats(drafter_tps: list[float], baseline_tps: list[float], paired: bool) -> dict:
@@ -183,7 +189,6 @@ def _speed_problems(timed: list[dict], runs: list[dict]) -> list[str]:
 
 def judge(
     runs: list[dict],
-    cfg: dict,
     cpu_sampling_fix: bool | None = None,
     exact_outputs: bool = False,
 ) -> dict[str, Any]:
@@ -243,16 +248,16 @@ def judge(
             "one at a time (near-ties flip), so this is reported, not flagged"
         )
     worst = min(taus)
-    if worst < cfg["min_acceptance_length"]:
+    if worst < MIN_ACCEPTANCE_LENGTH:
         # where: a drafter can work on one set (prompts it was trained on) and not on another
         w = min(
             (r for r in runs if r["acceptance_length"] is not None),
             key=lambda r: r["acceptance_length"],
         )
-        below = sum(t < cfg["min_acceptance_length"] for t in taus)
+        below = sum(t < MIN_ACCEPTANCE_LENGTH for t in taus)
         problems.append(
             f"DRAFTER NOT WORKING: acceptance length {worst:.2f} {_where(w, runs)} < "
-            f"{cfg['min_acceptance_length']} ({below} of {len(taus)} measurements below; 1.0 "
+            f"{MIN_ACCEPTANCE_LENGTH} ({below} of {len(taus)} measurements below; 1.0 "
             "means every draft is rejected). Typical causes: untrained or undertrained "
             "drafter, or a train/serve mismatch (layer ids, vocab map, norms)."
         )
@@ -265,7 +270,7 @@ def judge(
             and r["temperature"] == 0
             and pred
             and pred >= 1.2
-            and (got - 1) / (pred - 1) < cfg["min_measured_to_predicted"]
+            and (got - 1) / (pred - 1) < MIN_MEASURED_TO_PREDICTED
         ):
             problems.append(
                 f"TRAIN/SERVE MISMATCH? held-out prompts (k={r['k']}): measured acceptance "

@@ -12,44 +12,34 @@ import jsonschema
 import yaml
 
 from .. import methods
-from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS, result_config
+from ..bench.settings import bench_chat_template_kwargs, bench_sets, speculative_tokens
+from ..prompts.selection import HELDOUT_SET
+from ..prompts.sources import bench_set_spec, prompt_files
+from ..runtime.errors import ConfigError
+from ..staleness.keys import BENCH_VLLM_KEYS, OPERATIONAL_KEYS, RESULT_KEYS
 from .checks import (
     check_semantics,
     method_problems,
-    moved_key_problems,
     notes,
     resolve_train_gpus,
     variant_problems,
 )
-from .schema import (
-    SCHEMA_PATH,
-    ConfigError,
-    coerce_cli_strings,
-    load_schema,
-    problems_of,
-    sort_keys,
-)
+from .params import result_config, sort_keys
+from .schema import SCHEMA_PATH, coerce_cli_strings, load_schema, problems_of
 from .values import (
-    HELDOUT_SET,
-    bench_chat_template_kwargs,
-    bench_set_spec,
-    bench_sets,
-    check_tensor_parallel,
     drafter_names,
     extraction_server_gpus,
     extracts_in_train,
     job_section,
     method_of,
     online_server_gpus,
-    prompt_files,
     run_dir,
     server_gpus,
-    source_name,
-    speculative_tokens,
     stage_gpus,
 )
 
-# what other modules and the rules import from here (the config's public names)
+# what the rules, scripts and tests import from here (the config's public names, some of them
+# defined where the stage they describe lives)
 __all__ = [
     "BENCH_VLLM_KEYS",
     "DEFAULT_PATH",
@@ -62,7 +52,6 @@ __all__ = [
     "bench_set_spec",
     "bench_sets",
     "check_semantics",
-    "check_tensor_parallel",
     "coerce_cli_strings",
     "deep_update",
     "drafter_names",
@@ -75,7 +64,6 @@ __all__ = [
     "load_schema",
     "method_of",
     "method_problems",
-    "moved_key_problems",
     "notes",
     "online_server_gpus",
     "prompt_files",
@@ -83,8 +71,6 @@ __all__ = [
     "result_config",
     "run_dir",
     "server_gpus",
-    "sort_keys",
-    "source_name",
     "speculative_tokens",
     "stage_gpus",
     "train_job_section",
@@ -129,7 +115,7 @@ def validate(config: dict) -> dict:
             own = {"train": {k: v for k, v in variant.items() if k != "method"}}
             variant.update(coerce_cli_strings(own, schema)["train"])
     errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    problems = moved_key_problems(config) or [
+    problems = [
         p for e in sorted(errors, key=lambda e: list(e.absolute_path)) for p in problems_of(e)
     ]
     explicit_cpu_training = (config.get("train") or {}).get("gpus") == 0

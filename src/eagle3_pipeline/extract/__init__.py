@@ -8,7 +8,7 @@ into its shard and journals it. Shards are sealed with a checksum list once comp
 manifest is written last. A re-run keeps every sample whose file still matches its checksum
 and redoes the rest; a change of inputs or parameters discards the part's shards.
 
-- :mod:`.plan`: layers, sample sizes, disk budget, row keys, capture fingerprint, server spec;
+- :mod:`.capture`: layers, row keys, capture fingerprint, server spec;
 - :mod:`.book`: which samples are done (shards, journals, the reuse pool, the layout);
 - :mod:`.validator`: a returned sample's checks, off the request path, and the batched probe;
 - :mod:`.client`: the requests (:class:`Extractor`);
@@ -18,37 +18,30 @@ and redoes the rest; a change of inputs or parameters discards the part's shards
 from ..hidden_states.checks import NextTokenProbe
 from .book import REUSE, ShardBook, intact, reset_layout, shard_entries, to_pool
 from .capture import (
-    BYTES_PER_VALUE,
     CAPTURE_FORMAT,
     CONNECTOR,
     CONNECTOR_MODULE,
-    DiskBudgetError,
     ExtractError,
     LayerIdError,
     capture_fingerprint,
-    check_disk,
     resolve_layers,
     row_key,
-    sample_bytes,
     server_spec,
 )
 from .client import Extractor
 from .stage import enforce, gather, maybe_reference, run_part
 
 __all__ = [
-    "BYTES_PER_VALUE",
     "CAPTURE_FORMAT",
     "CONNECTOR",
     "CONNECTOR_MODULE",
     "REUSE",
-    "DiskBudgetError",
     "ExtractError",
     "Extractor",
     "LayerIdError",
     "NextTokenProbe",
     "ShardBook",
     "capture_fingerprint",
-    "check_disk",
     "enforce",
     "gather",
     "intact",
@@ -57,7 +50,6 @@ __all__ = [
     "resolve_layers",
     "row_key",
     "run_part",
-    "sample_bytes",
     "server_spec",
     "shard_entries",
     "to_pool",

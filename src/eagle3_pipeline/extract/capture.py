@@ -1,5 +1,5 @@
-"""What an extraction captures and where: layers, sample sizes, the disk budget, a row's key,
-the capture fingerprint and the extraction server's spec."""
+"""What an extraction captures and where: layers, a row's key, the capture fingerprint and the
+extraction server's spec."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 
 from ..engine.spec import spec_for_target
 from ..hidden_states.layers import LayerIdError, resolve_layers  # noqa: F401  (re-exported)
-from ..plan import BYTES_PER_VALUE, DiskBudgetError, check_disk, sample_bytes  # noqa: F401
 from ..runtime.files import sha256_bytes, stable_hash
 
 log = logging.getLogger(__name__)

@@ -11,24 +11,25 @@ from pathlib import Path
 
 from ..hidden_states import shards
 from ..hidden_states.checks import NextTokenProbe, model_fits, reference_errors
+from ..hidden_states.disk import sample_bytes
 from ..runtime import Progress
+from ..runtime.disk import DISK_MARGIN, check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.provenance import provenance
+from ..runtime.results import EXTRACT_PART, format_tag, read_result
 from ..server import VllmServer
 from ..target.stage import load_info
 from .book import REUSE, ShardBook, reset_layout, shard_entries
-from .capture import (
-    ExtractError,
-    capture_fingerprint,
-    check_disk,
-    resolve_layers,
-    row_key,
-    sample_bytes,
-    server_spec,
-)
+from .capture import ExtractError, capture_fingerprint, resolve_layers, row_key, server_spec
 from .client import Extractor
 
 log = logging.getLogger(__name__)
+
+# The reference forward (extract.reference_forward): the first rows of a part compared with a
+# transformers forward of the target, and the largest relative error per layer that passes
+# (bf16 storage rounds to about 0.004; a sample of another model or layer is off by far more).
+REFERENCE_ROWS = 2
+MAX_REFERENCE_REL_ERROR = 0.05
 
 
 def run_part(
@@ -91,7 +92,7 @@ def run_part(
             sample_bytes(seq_lens[i], len(layer_ids), arch["hidden_size"], cfg["storage"])
             for i in todo
         ),
-        cfg["disk_margin"],
+        DISK_MARGIN,
         allow=allow_low_disk,
     )
     staging = root / ".staging" / f"part_{part}"
@@ -141,6 +142,7 @@ def run_part(
     enforce(verification, cfg)
     tokens_this_run = sum(seq_lens[i] for i in todo)
     manifest = {
+        "format": format_tag(EXTRACT_PART),
         "part": part,
         "jobs": jobs,
         "samples": [rows.start, rows.stop],
@@ -193,7 +195,7 @@ def maybe_reference(
             "skipped": f"reference_forward={mode}"
             + ("" if mode == "never" else " and the model does not fit in memory")
         }
-    checked = list(rows)[: cfg["reference_rows"]]
+    checked = list(rows)[:REFERENCE_ROWS]
     key = stable_hash(
         {
             "capture": capture,
@@ -231,14 +233,12 @@ def enforce(v: dict, cfg: dict) -> None:
             "layers. Do not train on them."
         )
     ref = v["reference"] or {}
-    if (
-        ref.get("max_rel_error") is not None
-        and ref["max_rel_error"] > cfg["max_reference_rel_error"]
-    ):
+    if ref.get("max_rel_error") is not None and ref["max_rel_error"] > MAX_REFERENCE_REL_ERROR:
         raise ExtractError(
             f"hidden states differ from a transformers forward by "
-            f"{ref['max_rel_error']:.3g} (per layer: "
-            f"{ref['max_rel_error_per_layer']}) > extract.max_reference_rel_error"
+            f"{ref['max_rel_error']:.3g} (per layer: {ref['max_rel_error_per_layer']}) > "
+            f"{MAX_REFERENCE_REL_ERROR}: not the target's own (another model, a wrong dtype or "
+            "layers), or a forward that went wrong"
         )
 
 
@@ -246,7 +246,9 @@ def gather(parts: list, manifest_out, cfg: dict) -> dict:
     """Merge part manifests; check they agree and cover every sample exactly once."""
     # Each manifest stays paired with its own file: sorted by part number, not by path text
     # (as text, part_10.json sorts before part_2.json).
-    paired = sorted(((read_json(p), p) for p in parts), key=lambda mp: mp[0]["part"])
+    paired = sorted(
+        ((read_result(p, EXTRACT_PART), p) for p in parts), key=lambda mp: mp[0]["part"]
+    )
     ms = [m for m, _ in paired]
     first = ms[0]
     for key in ("layer_ids", "storage", "hidden_size", "samples_per_shard", "root"):

@@ -109,8 +109,9 @@ def check_staged(
     """Wait until the server has written ``staged`` (unless ``written``: :func:`wait_written`
     has returned for it already), read it and check it against ``row`` (shapes, token ids,
     NaN/Inf, all-zero rows: VerificationError), and pick the final-layer rows the next-token
-    probe needs. What the extract job and online training (:mod:`.online`) both do with a
-    sample the server returned; ``data``: its bytes, taken from a Mooncake store instead."""
+    probe needs. What the extract job and online training (:mod:`eagle3_pipeline.online.transfer`)
+    both do with a sample the server returned; ``data``: its bytes, taken from a Mooncake store
+    instead."""
     clock = time.perf_counter
     t = [clock()]
     if not written and data is None:

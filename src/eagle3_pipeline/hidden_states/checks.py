@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .shards import thread_buffer
+
 log = logging.getLogger(__name__)
 
 
@@ -67,8 +69,6 @@ def _masked(bits, mask: int):
     """``bits & mask``, written into a buffer this thread keeps (:func:`shards.thread_buffer`):
     at the 8B width a sample is 6 MB, in each of the extraction client's validator threads."""
     import torch
-
-    from .shards import thread_buffer
 
     if not bits.numel():  # a buffer of no bytes cannot hold a tensor
         return bits & mask

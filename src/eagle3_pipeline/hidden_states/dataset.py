@@ -28,7 +28,8 @@ from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor
 from hs_connectors.transfer import _add_argument_if_absent
 
-from .shards import MANIFEST_FORMAT, sample_path
+from ..runtime.results import HIDDEN_STATES, check_format
+from .shards import sample_path
 
 BACKEND_NAME = "eagle3-pipeline-shards"
 
@@ -36,9 +37,7 @@ BACKEND_NAME = "eagle3-pipeline-shards"
 def read_manifest(root: str | Path) -> dict[str, Any]:
     """The manifest of a hidden-states directory (``<root>/manifest.json``), checked."""
     path = Path(root) / "manifest.json"
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    manifest = check_format(json.loads(path.read_text()), path, HIDDEN_STATES)
     for key in (
         "samples_per_shard",
         "layer_ids",

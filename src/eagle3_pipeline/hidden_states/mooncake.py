@@ -26,6 +26,8 @@ from typing import Any
 # Mooncake's code for a key that is not there (removing it again is no error)
 OBJECT_NOT_FOUND = -704
 MIB = 2**20
+# Each client's transfer buffer (Mooncake's local_buffer_size)
+BUFFER_MIB = 64
 INSTALL_HINT = (
     "Mooncake is not installed: `pip install mooncake-transfer-engine-non-cuda` (CPU) or "
     "`mooncake-transfer-engine` (CUDA), and the RDMA verbs library it links against "
@@ -58,7 +60,7 @@ def open_store(cfg: dict[str, Any], segment_bytes: int) -> Any:
         cfg.get("local_hostname") or "localhost",
         "P2PHANDSHAKE",  # no metadata server: peers exchange segment descriptors directly
         int(segment_bytes),
-        int(cfg.get("buffer_mib", 64)) * MIB,
+        BUFFER_MIB * MIB,
         cfg.get("protocol", "tcp"),
         "",
         cfg["master"],

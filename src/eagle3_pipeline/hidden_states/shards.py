@@ -16,7 +16,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-MANIFEST_FORMAT = "eagle3-pipeline/hidden-states@1"
+from ..runtime.results import HIDDEN_STATES, format_tag
+
+MANIFEST_FORMAT = format_tag(HIDDEN_STATES)
 SCALES_KEY = "hidden_states_scales"
 
 

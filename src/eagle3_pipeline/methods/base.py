@@ -69,12 +69,14 @@ class Method:
     own_keys: tuple[str, ...] = ()
     # own keys that, when set (not null), replace the shared train.<key> of the same name
     overrides: tuple[str, ...] = ()
-    # keys that were at train.* before they moved under train.<name> (refused with a message)
-    moved_from_train: tuple[str, ...] = ()
     # own keys whose value may be `auto`: (CPU value, GPU value)
     auto: ClassVar[dict[str, tuple[Any, Any]]] = {}
     # where the drafter's config.json keeps the aux layer ids vLLM captures from the target
     aux_key: str = "eagle_aux_hidden_state_layer_ids"
+    # where vLLM's draft model reads how many aux layers its fc concatenates (in the config it
+    # builds from transformer_layer_config); None: the method's vLLM model takes the count from
+    # the aux key itself
+    aux_count_key: str | None = None
     # which checkpoint is exported: the validation metric and whether higher is better
     best_by: tuple[str, bool] = ("loss", False)
     # the report's and the plot's validation accuracy series: (field, label with {} = position)
@@ -201,6 +203,30 @@ class Method:
         """Checks of the drafter's facts against the config it was trained with (its
         :attr:`configured_flags`)."""
         return []
+
+    def served_aux_count(self, config: dict[str, Any]) -> int | None:
+        """How many aux layers vLLM's draft model concatenates for this drafter's config.json
+        (None: the method does not say). EAGLE-3's (llama_eagle3.py, deepseek_eagle3.py, vLLM
+        0.26-0.32) reads ``num_aux_hidden_states``, else ``eagle_config``'s layer ids, else
+        3, from the config it builds out of ``transformer_layer_config``: the layer ids at the
+        top level, where speculators writes them, are not read for it."""
+        if self.aux_count_key is None:
+            return None
+        layer_cfg = config.get("transformer_layer_config") or {}
+        if layer_cfg.get(self.aux_count_key) is not None:
+            return int(layer_cfg[self.aux_count_key])
+        ids = (layer_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        return len(ids) if ids else 3
+
+    def exported_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The trainer's config.json as exported for vLLM: with :attr:`aux_count_key` set to
+        the number of aux layers trained on, so that vLLM sizes the fc layer for them."""
+        ids = config.get(self.aux_key)
+        if self.aux_count_key is None or not ids:
+            return config
+        layer_cfg = dict(config.get("transformer_layer_config") or {})
+        layer_cfg[self.aux_count_key] = len(ids)
+        return {**config, "transformer_layer_config": layer_cfg}
 
     def drafter_max_tokens(self, facts: dict[str, Any]) -> int | None:
         """The largest k the exported drafter (its :meth:`drafter_checks` facts) drafts."""

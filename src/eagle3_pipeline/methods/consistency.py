@@ -57,11 +57,6 @@ def served_windows(layer_cfg: dict[str, Any], target_window: int | None) -> list
     ]
 
 
-def drafter_method(drafter_dir: str | Path) -> str | None:
-    """The drafter's method (``speculators_model_type``, a name of :mod:`.methods`)."""
-    return read_json(Path(drafter_dir) / "config.json").get("speculators_model_type")
-
-
 def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
     """What vLLM reads from the drafter checkpoint (config.json, d2t/t2d in the weights)."""
     from safetensors import safe_open
@@ -72,10 +67,15 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
         keys = set(fh.keys())
         d2t_len = fh.get_slice("d2t").get_shape()[0] if "d2t" in keys else None
         t2d_len = fh.get_slice("t2d").get_shape()[0] if "t2d" in keys else None
+        fc_in = fh.get_slice("fc.weight").get_shape()[1] if "fc.weight" in keys else None
     layer_cfg = cfg.get("transformer_layer_config", {})
     verifier = (cfg.get("speculators_config", {}).get("verifier") or {}).get("name_or_path")
     method = cfg.get("speculators_model_type")
-    own = methods.REGISTRY[method].drafter_checks(cfg)[0] if method in methods.REGISTRY else {}
+    known = method in methods.REGISTRY
+    own = methods.REGISTRY[method].drafter_checks(cfg)[0] if known else {}
+    served_aux = methods.REGISTRY[method].served_aux_count(cfg) if known else None
+    target_hidden = cfg.get("target_hidden_size") or layer_cfg.get("hidden_size")
+    served_fc = served_aux * target_hidden if served_aux and target_hidden else None
     return {
         "speculators_model_type": method,
         "architectures": cfg.get("architectures"),
@@ -88,6 +88,9 @@ def drafter_facts(drafter_dir: str | Path) -> dict[str, Any]:
         "t2d_len": t2d_len,
         "norm_before_fc": cfg.get("norm_before_fc"),
         "norm_output": cfg.get("norm_output"),
+        "fc_input_width": fc_in,
+        "served_num_aux_layers": served_aux,
+        "served_fc_input_width": served_fc,
         "num_draft_layers": layer_cfg.get("num_hidden_layers"),
         "layer_types": layer_cfg.get("layer_types"),
         "sliding_window": layer_cfg.get("sliding_window"),
@@ -177,6 +180,17 @@ def check(
         else f"drafter aux layer ids {aux} were not all extracted (the hidden states hold "
         f"{extracted}): re-train on this extraction",
     )
+    if facts["served_num_aux_layers"] is not None:
+        require(
+            "served_fc_width_as_trained",
+            aux is not None
+            and facts["served_num_aux_layers"] == len(aux)
+            and facts["served_fc_input_width"] == facts["fc_input_width"],
+            f"vLLM builds the drafter's fc for {facts['served_num_aux_layers']} aux layers "
+            f"(input width {facts['served_fc_input_width']}), it was trained on "
+            f"{len(aux or [])} ({aux}, width {facts['fc_input_width']}): vLLM refuses to load "
+            "it; re-export it with this version of the pipeline (num_aux_hidden_states)",
+        )
     if configured is not None and configured.get("aux_layer_ids") is not None:
         require(
             "aux_layer_ids_as_trained",

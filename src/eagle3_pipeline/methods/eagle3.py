@@ -14,8 +14,8 @@ class Eagle3(Method):
     name = "eagle3"
     title = "EAGLE-3"
     own_keys = ("ttt_steps", "num_layers", "norm_before_fc", "norm_output")
-    moved_from_train = own_keys
     aux_key = "eagle_aux_hidden_state_layer_ids"
+    aux_count_key = "num_aux_hidden_states"
     best_by = ("loss", False)  # what speculators' checkpoint_best link follows
     accuracy_series = (("full_acc", "TTT step {} full"), ("cond_acc", "TTT step {} conditional"))
     position_label = "TTT step"

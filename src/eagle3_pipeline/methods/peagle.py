@@ -28,6 +28,7 @@ class PEagle(Method):
     # the GPU value is speculators' default; on the CPU fewer depths keep a step small
     auto: ClassVar[dict[str, tuple[Any, Any]]] = {"num_depths": (4, 8)}
     aux_key = "eagle_aux_hidden_state_layer_ids"
+    aux_count_key = "num_aux_hidden_states"
     best_by = ("loss", False)
     accuracy_series = (("position_acc", "depth {}"),)
     position_label = "depth"

@@ -6,11 +6,14 @@ will produce against the free disk where they go, the weights against GPU memory
 tensor-parallel size, and per stage its jobs, GPUs, wall time, GPU-hours and hidden-state
 bytes in both storages, from rates measured in benchmarks/results/ (estimates, :mod:`.stages`).
 A real run is refused before its first job when the disk or the GPUs cannot hold it
-(``plan.allow`` overrides); a dry run prints the same as warnings.
+(``plan.allow`` overrides); a dry run prints the same as warnings. What the user reads:
+:func:`.text.format_plan`. After a failed run the workflow says what its long stages kept
+(:mod:`.kept`): the same command resumes from it.
 
-The extract stage checks its disk with the same code (:func:`check_disk`), on the rows it
-really has. Role: infrastructure (its folder: staleness.code.role) — the plan decides whether
-and where a run starts, never what a stage computes; no stage's result depends on it.
+The extract and train jobs check their disk with the same code
+(:func:`eagle3_pipeline.runtime.disk.check_disk`), on the rows they really have. Role:
+infrastructure (its folder: staleness.code.role) — the plan decides whether and where a run
+starts, never what a stage computes; no stage's result depends on it.
 """
 
 from __future__ import annotations
@@ -18,16 +21,21 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..engine.spec import memory_utilization
+from ..hidden_states.disk import BYTES_PER_VALUE, sample_bytes
 from ..hidden_states.layers import LayerIdError, resolve_layers
+from ..methods import extra_layer_ids
+from ..online.servers import servers_per_gpu
+from ..runtime import disk
+from ..runtime.disk import ALLOW_KEY, DISK_MARGIN, GIB, bytes_under, disk_problem
 from ..runtime.gpus import nvidia_smi_rows
+from ..target import serving
 from . import model_shape
-from .modes import MODES, mode_estimates, staged_sample_bytes  # noqa: F401
+from .modes import mode_estimates
 from .stages import (
     MODEL_LOAD,
     model_load_seconds,
@@ -36,78 +44,11 @@ from .stages import (
     stage_jobs,
     train_batch,
 )
+from .text import format_plan  # noqa: F401  (the plan's face: make_plan, format_plan, write)
 
 log = logging.getLogger(__name__)
 
-GIB = 2**30
-BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
 CHARS_PER_TOKEN = 4  # English text; a prompt has at most prompts.max_chars characters
-ALLOW_KEY = "plan.allow"
-
-
-class DiskBudgetError(RuntimeError):
-    pass
-
-
-# ---- disk: the one check, at planning time and in the extract job ---------------------------
-
-
-def sample_bytes(tokens: int, num_layers: int, hidden: int, storage: str) -> int:
-    """Bytes of one sample file (tensor data plus a small safetensors header)."""
-    data = tokens * num_layers * hidden * BYTES_PER_VALUE[storage] + tokens * 8
-    if storage == "fp8":
-        data += tokens * 4  # per-token float32 scales
-    return data + 512
-
-
-def free_bytes(path: Path) -> tuple[int, Path]:
-    """Free bytes of the file system ``path`` will be on (its nearest existing parent)."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free, p
-
-
-def disk_problem(
-    needed: int, free: int, margin: float, where: Path, remedy: str | None = None
-) -> str | None:
-    """What to do when ``needed`` bytes (times ``margin``) do not fit ``free``; else None.
-    ``remedy``: what to lower instead of the stored mode's levers."""
-    if needed * margin <= free:
-        return None
-    short = needed * margin - free
-    remedy = remedy or (
-        "use extract.storage: fp8 (half the size, at about the same extraction rate), lower "
-        "prepare.seq_length / the number of prompts, or use extract.mode: online or hybrid "
-        "(docs/train.md: no stored hidden states)"
-    )
-    return (
-        f"hidden states need about {needed / GIB:.1f} GiB (x{margin} margin = "
-        f"{needed * margin / GIB:.1f} GiB) but {where} has {free / GIB:.1f} GiB free. "
-        f"Free {short / GIB:.1f} GiB, point results_dir at a bigger disk, {remedy}; or set "
-        f"{ALLOW_KEY}: [disk] to proceed anyway."
-    )
-
-
-def check_disk(root: Path, needed: int, margin: float, allow: bool = False) -> dict[str, Any]:
-    """The extract job's check, on its real rows: refuse (DiskBudgetError) unless allowed."""
-    root.mkdir(parents=True, exist_ok=True)
-    free, _ = free_bytes(root)
-    info = {"estimated_bytes": needed, "free_bytes": free, "margin": margin}
-    problem = disk_problem(needed, free, margin, root)
-    if problem and not allow:
-        raise DiskBudgetError(problem)
-    if problem:
-        log.warning("%s (%s lists disk: proceeding)", problem, ALLOW_KEY)
-    log.info("disk: %.2f GiB needed, %.1f GiB free", needed / GIB, free / GIB)
-    return info
-
-
-def bytes_under(path: Path) -> int:
-    """Bytes already stored under ``path`` (finished samples are reused, not rewritten)."""
-    if not path.is_dir():
-        return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # ---- GPU memory -------------------------------------------------------------------------------
@@ -160,8 +101,6 @@ def colocated_problems(cfg: dict, weights: int, gib: float, memory: dict) -> lis
     """extract.colocate: the train job's extraction servers share the trainer's GPUs in
     extract.colocated_gpu_memory of each; each server's part of its GPUs must still hold its
     part of the weights."""
-    from ..extract.online import servers_per_gpu
-
     x, tp = cfg["extract"], cfg["vllm"]["tensor_parallel_size"]
     if x["mode"] == "stored" or not x["colocate"] or x["endpoints"]:
         return []
@@ -226,8 +165,6 @@ def expected_rows(cfg: dict, run: Path) -> dict[str, Any]:
 
 def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
     """Everything the plan shows, as a JSON-able dict; ``problems`` lists the refusals."""
-    from ..methods import extra_layer_ids  # its package imports this module's users: late
-
     run = Path(run)
     problems: list[dict[str, str]] = []
     plan: dict[str, Any] = {"run": str(run), "problems": problems, "mode": cfg["extract"]["mode"]}
@@ -260,12 +197,18 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
         return plan
     dtype = cfg["target"]["dtype"] if cfg["target"]["source"] == "packaged" else None
     weights, weights_how = model_shape.weight_bytes(raw, model_dir, index_total, dtype)
+    served = serving.facts(raw)
     plan["target"] = {
         **shape,
         "config_from": where,
         "weight_bytes": weights,
         "weight_bytes_from": weights_how,
+        "served_dtype": serving.served_dtype(v["device"], v["dtype"], served),
+        "server_args_added": serving.required_server_args(served, v["extra_args"]),
     }
+    remote_tokenizer = serving.tokenizer_is_remote_code(model_dir)
+    for message in serving.problems(cfg, served, remote_tokenizer):
+        problems.append({"check": "target_class", "message": message})
     try:
         aux, captured, final = resolve_layers(
             {"layer_ids": x["layer_ids"], "method_layer_ids": extra_layer_ids(cfg["train"])},
@@ -294,7 +237,7 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
     if by_storage:
         total = by_storage[x["storage"]]
         stored = bytes_under(hs_dir)
-        free, on = free_bytes(hs_dir)
+        free, on = disk.free_bytes(hs_dir)
         plan["disk"] = {
             "hidden_state_bytes": total,
             "already_stored_bytes": stored,
@@ -302,11 +245,11 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
             "bytes_by_storage": by_storage,
             "free_bytes": free,
             "free_at": str(on),
-            "margin": x["disk_margin"],
+            "margin": DISK_MARGIN,
             "how": rows["how"],
         }
         if not online:
-            problem = disk_problem(max(total - stored, 0), free, x["disk_margin"], on)
+            problem = disk_problem(max(total - stored, 0), free, DISK_MARGIN, on)
             if problem:
                 problems.append({"check": "disk", "message": problem})
     if v["device"] == "cuda":
@@ -360,7 +303,7 @@ def make_plan(cfg: dict, run: str | Path) -> dict[str, Any]:
                 "lower extract.hybrid_disk_gib (hybrid keeps that much per train job) or "
                 "train.num_workers (a sample on the disk per request in flight)"
             )
-            problem = disk_problem(max(high_water - stored, 0), free, x["disk_margin"], on, remedy)
+            problem = disk_problem(max(high_water - stored, 0), free, DISK_MARGIN, on, remedy)
             if problem:
                 problems.append({"check": "disk", "message": problem})
     plan["stages"] = stages
@@ -395,238 +338,6 @@ def refusals(plan: dict, cfg: dict) -> list[str]:
     """The problems a real run stops for: those ``plan.allow`` does not list."""
     allowed = set(cfg["plan"]["allow"])
     return [p["message"] for p in plan["problems"] if p["check"] not in allowed]
-
-
-# ---- printing ---------------------------------------------------------------------------------
-
-
-def _gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / GIB:,.1f} GiB"
-
-
-def _size(n: float | None) -> str:
-    """GiB, or MiB below a tenth of one (a few samples in flight)."""
-    return _gib(n) if n is None or n >= GIB / 10 else f"{n / 2**20:,.1f} MiB"
-
-
-def _hours(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
-
-
-def _gpu_hours(e: dict) -> str:
-    hours = e["gpu_hours"]
-    return f"{e['bound']} {hours:,.0f}" if hours >= 10 else f"{e['bound']} {hours:.1f}"
-
-
-def _count(n: float) -> str:
-    """A count of billions or millions of tokens, short enough to read."""
-    for size, suffix in ((1e9, "B"), (1e6, "M")):
-        if n >= size:
-            return f"{n / size:,.2f}{suffix}"
-    return f"{n:,.0f}"
-
-
-def _stage_time(stage: dict) -> str:
-    """How a stage's wall time is made up, and where its rate comes from."""
-    e = stage.get("estimate")
-    if not e:
-        return f"not estimated: {stage['not_estimated']}"
-    jobs = stage["jobs"]
-    rate = f"{e['rate']:,.0f} {e['unit']}"
-    if e["speedup"] > 1:
-        rate = f"({rate} x {e['speedup']} GPUs)"
-    load = f" + a {_hours(e['load_seconds'])} model load" if e["load_seconds"] else ""
-    text = (
-        f"{e['bound']} {_hours(e['seconds'])} = {_count(e['work'])} {stage['work_unit']} / "
-        f"{jobs} job{'s' if jobs > 1 else ''} / {rate}{load} (estimate: rate measured on "
-        f"{e['measured_on']}, {e['file']})"
-    )
-    if stage.get("servers_per_job", 1) > 1:
-        text += (
-            f"; {stage['servers_per_job']} servers share each job's GPU: their gain is not "
-            "measured, so not counted"
-        )
-    if stage.get("extracts"):
-        x = stage["extracts"]
-        text = (
-            f"{e['bound']} {_hours(e['seconds'])}: extract.mode {x['mode']}, {x['how']}; "
-            f"training alone {text.replace(_hours(e['seconds']), _hours(x['training_seconds']), 1)}"
-        )
-    if stage.get("read_bytes_per_s"):
-        speeds = ", ".join(f"{v / 1e9:,.1f} GB/s {k}" for k, v in stage["read_bytes_per_s"].items())
-        text += f"; the GPUs keep that rate only if the hidden states are read at {speeds}"
-    return text
-
-
-def _stage_table(stages: dict) -> list[str]:
-    """One row per stage: jobs, GPUs, wall time, GPU-hours, hidden-state bytes per storage."""
-    rows = [
-        (
-            "stage",
-            "jobs",
-            "GPUs per job",
-            "GPUs at once",
-            "wall time",
-            "GPU-hours",
-            f"hidden states {' / '.join(BYTES_PER_VALUE)}",
-        )
-    ]
-    for name, st in stages.items():
-        gpus, nodes, e = st["gpus_per_job"], st.get("nodes_per_job", 1), st.get("estimate")
-        per_job = str(gpus) if nodes == 1 else f"{gpus} ({nodes} nodes x {gpus // nodes})"
-        hs = st.get("hidden_states")
-        rows.append(
-            (
-                name,
-                f"{st['jobs']:,}",
-                per_job if gpus else "CPU",
-                f"{st['jobs'] * gpus:,}" if gpus else "-",
-                f"{e['bound']} {_hours(e['seconds'])}" if e else "not estimated",
-                _gpu_hours(e) if e and gpus else "-",
-                " / ".join(_gib(b) for b in hs["bytes"].values()) + f" {hs['io']}" if hs else "-",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    right = {1, 3}  # counts align right
-    return [
-        "    "
-        + "  ".join(
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
-        ).rstrip()
-        for row in rows
-    ]
-
-
-def _train_gpus(g: dict) -> str:
-    trainer = str(g["trainer"]) if g["trainer"] else "CPU"
-    if g.get("colocated"):
-        return f"{trainer} (servers on the trainer's)"
-    if not g["servers"]:
-        return trainer
-    return f"{g['trainer'] + g['servers']} ({trainer} trainer + {g['servers']} servers)"
-
-
-def _modes_table(modes: dict) -> list[str]:
-    """One row per extract.mode: disk high-water mark, train job GPUs, time."""
-    rows = [("mode", "disk high-water", "train job GPUs", "extract + train")]
-    for name in MODES:
-        m = modes[name]
-        time = (
-            f"{m['bound']} {_hours(m['seconds'])}" if m["seconds"] is not None else "not estimated"
-        )
-        gpus = _train_gpus(m["train_gpus"])
-        rows.append((name, _size(m["disk_bytes"]), gpus, f"{time} ({m['how']})"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["    " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
-
-
-def format_plan(plan: dict) -> str:
-    """The plan as label: value lines, with a table of the GPU stages."""
-    lines = [f"Plan for {plan['run']} (docs/plan.md):"]
-    add = lambda k, val: lines.append(f"  {k:<17} {val}")  # noqa: E731
-    tg = plan.get("target")
-    if tg:
-        moe = f", {tg['experts']} experts" if tg["experts"] else ""
-        quant = f", {tg['quantization']}" if tg["quantization"] else ""
-        add(
-            "target",
-            f"{(tg['architectures'] or ['?'])[0]} ({tg['model_type']}): "
-            f"{tg['num_layers']} layers, hidden {tg['hidden_size']}, vocab {tg['vocab_size']:,}, "
-            f"{tg['attention']}{moe}{quant}; {tg['params_total'] / 1e9:,.1f}B params "
-            f"({tg['params_active'] / 1e9:,.1f}B active) from {tg['config_from']}",
-        )
-        add("weights", f"{_gib(tg['weight_bytes'])} ({tg['weight_bytes_from']})")
-    if plan.get("layers"):
-        ly = plan["layers"]
-        add("layers", f"aux {ly['aux']} + final {ly['final']} (captured {ly['captured']})")
-    add("draft vocab K", plan["draft_vocab_size"])
-    r = plan["rows"]
-    samples = "?" if r["samples"] is None else f"{r['samples']:,}"
-    tokens = "?" if r["tokens"] is None else f"{r['tokens']:,}"
-    add("rows", f"{samples} x {r['tokens_per_sample']:,.0f} tokens = {tokens} tokens ({r['how']})")
-    if plan.get("disk"):
-        d = plan["disk"]
-        mode = plan.get("mode", "stored")
-        add(
-            "hidden states",
-            f"{_size(d['hidden_state_bytes'])} ({d['storage']}"
-            + ("" if mode == "stored" else f", extract.mode {mode}: the most on the disk at once")
-            + f"; {_gib(d['already_stored_bytes'])} stored) vs {_gib(d['free_bytes'])} free at "
-            f"{d['free_at']} (x{d['margin']} margin)",
-        )
-    if plan.get("gpu_memory"):
-        g = plan["gpu_memory"]
-        gpu = "? GiB" if g["gpu_gib"] is None else f"{g['gpu_gib']:.0f} GiB"
-        add(
-            "GPU memory",
-            f"{_gib(g['weights_per_gpu_bytes'])} of weights per GPU at TP "
-            f"{g['tensor_parallel_size']} vs {gpu} x {g['utilization']} ({g['gpu_gib_from']})"
-            + (
-                f"; synth: {g['synth_servers_per_gpu']} servers per GPU, "
-                f"x {g['synth_server_share']:.3g} each"
-                if g.get("synth_servers_per_gpu")
-                else ""
-            )
-            + (
-                f"; extraction: {g['extraction_servers_per_trainer_gpu']} server(s) on each "
-                f"trainer GPU, x {g['extraction_server_share']:.3g} each"
-                if g.get("extraction_servers_per_trainer_gpu")
-                else ""
-            ),
-        )
-    stages = plan["stages"]
-    add(
-        "per stage",
-        "estimates: a stage's jobs at once, each on its own GPUs; wall time = the slowest job, "
-        "GPU-hours = jobs x GPUs per job x wall time",
-    )
-    lines.extend(_stage_table(stages))
-    if plan.get("modes"):
-        add(
-            "hidden states by",
-            f"extract.mode (this run: {plan.get('mode', 'stored')}; docs/train.md): the disk "
-            "each fills at most, a train job's GPUs, extraction and training together",
-        )
-        lines.extend(_modes_table(plan["modes"]))
-    if plan.get("totals"):
-        for name, st in stages.items():
-            add(f"{name} time", _stage_time(st))
-        t = plan["totals"]
-        gpu_hours = f" and {_gpu_hours(t)} GPU-hours" if t["gpu_hours"] else ""
-        not_counted = ", ".join([*t["left_out"], "the CPU-only stages"])
-        add(
-            "run total",
-            f"{t['bound']} {_hours(t['seconds'])}{gpu_hours}: {' + '.join(t['stages'])} one "
-            f"after another (estimates; not counted: {not_counted})",
-        )
-    if plan.get("model_load"):
-        m = plan["model_load"]
-        add(
-            "model load",
-            f">= {_hours(m['seconds'])} per job that starts a vLLM server (assumption: "
-            f"{_gib(m['weight_bytes'])} of weights at {m['bytes_per_s'] / 1e9:.1f} GB/s, "
-            f"{m['source']})",
-        )
-    b = plan["train_batch"]
-    processes = (
-        f"{b['processes']} processes (train.gpus {b['gpus_per_node']} x train.nodes {b['nodes']})"
-        if b["gpus_per_node"]
-        else "1 process on the CPU"
-    )
-    add(
-        "train batch",
-        f"up to {b['global_tokens']:,} tokens per optimizer step = {b['tokens_per_process']:,} "
-        f"per process (train.total_seq_len) x {processes}; train.lr {b['lr']} is used as "
-        "set, not scaled with the batch",
-    )
-    for p in plan["problems"]:
-        lines.append(
-            f"  WARNING [{p['check']}], a real run stops before its first job: {p['message']}"
-        )
-    return "\n".join(lines)
 
 
 def write(plan: dict, path: str | Path) -> None:

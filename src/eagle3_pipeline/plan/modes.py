@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import extraction_server_gpus
+from ..hidden_states.disk import staged_sample_bytes
+
 MODES = ("stored", "online", "hybrid")
 
 
@@ -45,12 +48,6 @@ def requests_in_flight(cfg: dict) -> int:
     return max(train["gpus"], 1) * train["nodes"] * max(1, loader_workers(cfg))
 
 
-def staged_sample_bytes(extract_cfg: dict, sample_bytes: int) -> int:
-    """What one sample asked for and not yet loaded fills on the disk: its file, or nothing
-    when a Mooncake store holds it (extract.transport mooncake)."""
-    return 0 if extract_cfg["transport"] == "mooncake" else sample_bytes
-
-
 def mode_estimates(
     cfg: dict,
     stored_bytes: int | None,
@@ -68,8 +65,6 @@ def mode_estimates(
     ``extract_estimate``/``train_estimate`` are the stored mode's stage estimates (extract:
     extract.jobs jobs over the rows once; train: the rows' epochs), ``load_s`` one model
     load, ``tokens`` the rows' tokens."""
-    from ..config import extraction_server_gpus  # (the config package imports the plan)
-
     x, train = cfg["extract"], cfg["train"]
     jobs = len(train["methods"])
     epochs = train["epochs"]

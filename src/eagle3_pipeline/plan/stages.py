@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import stage_gpus
+from ..train.trainer_config import resolve_auto
 from .rates import measured_rate
 
 # How fast a vLLM server loads the target's weights. Not measured: config/kimi-k2.5.yaml
@@ -31,8 +33,6 @@ MODEL_LOAD = {
 def stage_jobs(cfg: dict) -> dict[str, dict[str, Any]]:
     """Jobs and GPUs per job of each GPU stage: from the config alone, so the plan shows them
     even when the target's shape cannot be read."""
-    from ..config import stage_gpus  # config imports the plan's users; import late
-
     synth, train = cfg["synth"], cfg["train"]
     drafters = len(train["methods"])
     return {
@@ -61,8 +61,6 @@ def train_batch(cfg: dict) -> dict[str, Any]:
     """Tokens of one optimizer step over every process: speculators packs up to
     train.total_seq_len tokens per process and step, and uses train.lr as given whatever the
     number of processes (nothing scales it)."""
-    from ..train.trainer_config import resolve_auto
-
     train = cfg["train"]
     per_process = resolve_auto(train)["total_seq_len"]
     processes = max(train["gpus"], 1) * train["nodes"]

@@ -82,6 +82,7 @@ from .rows import (
 )
 from .selection import (
     BAD_REASONS,
+    HELDOUT_SET,
     SOURCE_DEFAULTS,
     check_bad_fraction,
     collect,
@@ -95,12 +96,15 @@ from .selection import (
 from .sources import (
     PACKAGED,
     Packaged,
+    bench_set_spec,
     iter_file_rows,
     iter_json_array,
     iter_jsonl_rows,
     iter_sharegpt,
     packaged_file,
+    prompt_files,
     read_source,
+    source_name,
     verify_packaged,
 )
 from .stage import DEFAULTS, build_bench, build_train
@@ -108,6 +112,7 @@ from .stage import DEFAULTS, build_bench, build_train
 __all__ = [
     "BAD_REASONS",
     "DEFAULTS",
+    "HELDOUT_SET",
     "HUMANEVAL_INSTRUCTION",
     "PACKAGED",
     "ROLES",
@@ -115,6 +120,7 @@ __all__ = [
     "SOURCE_DEFAULTS",
     "Malformed",
     "Packaged",
+    "bench_set_spec",
     "build_bench",
     "build_train",
     "check_bad_fraction",
@@ -131,9 +137,11 @@ __all__ = [
     "normalize_row",
     "packaged_file",
     "problem",
+    "prompt_files",
     "read_source",
     "select",
     "shape_messages",
+    "source_name",
     "source_offset",
     "split_heldout",
     "user_turn_prefixes",

@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from ..config import source_name
 from ..runtime.files import sha256_bytes
 from .rows import (
     LATER_TURNS,
@@ -21,12 +20,14 @@ from .rows import (
     problem,
     user_turn_prefixes,
 )
-from .sources import read_source
+from .sources import read_source, source_name
 
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
 
 BAD_REASONS = ("malformed", "empty", "over_length", "over_context")
+# The benchmark set that prompts.heldout takes out of the training pool (a reserved name).
+HELDOUT_SET = "heldout"
 SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
 
 

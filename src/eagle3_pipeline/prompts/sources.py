@@ -1,5 +1,5 @@
 """Where prompt rows come from: the pinned packaged data files (ShareGPT, MT-Bench, HumanEval)
-and the user's prompt files (JSONL, JSONL.zst, Parquet), read as raw rows."""
+and the user's prompt files (JSONL, JSONL.zst, Parquet), read as raw rows; a source's name."""
 
 from __future__ import annotations
 
@@ -13,6 +13,28 @@ from typing import Any
 
 from ..runtime.files import iter_lines, sha256_file
 from .rows import Malformed
+
+
+def source_name(spec: dict) -> str:
+    """Name of a prompt source: its `name`, else the file's stem, else the source kind."""
+    if spec.get("name"):
+        return spec["name"]
+    if spec["source"] == "file":
+        return Path(spec["path"]).name.split(".")[0]
+    return spec["source"]
+
+
+def bench_set_spec(cfg: dict, name: str) -> dict:
+    """The `prompts.bench` entry that defines benchmark set ``name``."""
+    for spec in cfg["prompts"]["bench"]:
+        if source_name(spec) == name:
+            return spec
+    raise KeyError(f"benchmark prompt set {name!r} is not defined in prompts.bench")
+
+
+def prompt_files(specs: list[dict]) -> list[str]:
+    """The user files that prompt sources read (declared as rule inputs)."""
+    return [spec["path"] for spec in specs if spec["source"] == "file"]
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,19 @@ import logging
 import time
 from pathlib import Path
 
-from ..config import HELDOUT_SET, source_name
 from ..runtime.files import write_json, write_jsonl
 from ..runtime.provenance import provenance
 from ..target.chat import ContextLimit
 from .rows import validate_row
-from .selection import BAD_REASONS, collect, fit_context, new_counts, split_heldout
+from .selection import (
+    BAD_REASONS,
+    HELDOUT_SET,
+    collect,
+    fit_context,
+    new_counts,
+    split_heldout,
+)
+from .sources import source_name
 
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)

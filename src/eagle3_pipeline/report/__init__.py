@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from ..runtime.files import atomic_path, read_json
+from ..runtime.results import BENCH_METRICS, TRAIN_METRICS, read_result
 from .plots import plot_bench
 from .render import render_html, render_markdown
 from .sections import sections
@@ -42,7 +43,10 @@ def build(
     for name in ("synth", "manifest", "vocab", "prompts", "prepare", "target"):
         data.setdefault(name, {})
     data["methods"] = {
-        m: {"train": read_json(paths["train"]), "bench": read_json(paths["bench"])}
+        m: {
+            "train": read_result(paths["train"], TRAIN_METRICS),
+            "bench": read_result(paths["bench"], BENCH_METRICS),
+        }
         for m, paths in methods.items()
     }
     plots_dir = Path(plots_dir)

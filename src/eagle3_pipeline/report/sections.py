@@ -4,25 +4,11 @@ and side-by-side tables, training, consistency, and every stage's figures
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import methods
-from ..config import HELDOUT_SET
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None or v == {}:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}: {_fmt(x, digits)}" for k, x in v.items())
-    return str(v)
-
+from ..bench.verdict import best_val
+from ..prompts.selection import HELDOUT_SET
+from .cells import fmt as _fmt
+from .consistency import consistency as _consistency
 
 # ---- content ----------------------------------------------------------------------------------
 
@@ -200,36 +186,8 @@ def _side_by_side(methods: dict[str, dict]) -> list:
     return [("table", header, rows), ("p", note + ".")]
 
 
-def _consistency(methods: dict[str, dict]) -> list:
-    blocks: list = []
-    facts: dict[str, dict] = {}
-    for method, m in methods.items():
-        cons = m["bench"].get("consistency", {})
-        prefix = f"{method}: " if len(methods) > 1 else ""
-        blocks.append(
-            (
-                "banner",
-                cons.get("ok", False),
-                prefix
-                + (
-                    "drafter config matches extraction and target"
-                    if cons.get("ok")
-                    else "; ".join(cons.get("problems", ["not checked"]))
-                ),
-            )
-        )
-        for note in m["bench"].get("served_with_shorter_block", []):
-            blocks.append(("banner", False, f"{prefix}NOT SERVED AS TRAINED at {note}"))
-        facts[method] = cons.get("drafter") or {}
-    fields = list(dict.fromkeys(f for fs in facts.values() for f in fs))
-    rows = [[f, *(_fmt(facts[m].get(f)) for m in methods)] for f in fields]
-    return [*blocks, ("table", ["field", *methods], rows)]
-
-
 def _training(name: str, train: dict) -> list:
     """Drafter ``name``'s training (a method's or a variant's: its metrics say which method)."""
-    from ..bench.verdict import best_val
-
     own = methods.get(train.get("method"))
     val = best_val(train)
     tp = train.get("throughput") or {}

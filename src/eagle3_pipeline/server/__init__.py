@@ -273,9 +273,6 @@ class VllmServer:
             f"for big models).{cause} Last log lines:\n{tail}"
         )
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise ServerError(

@@ -29,6 +29,8 @@ import functools
 import hashlib
 from pathlib import Path
 
+from ..methods import METHODS
+
 PACKAGE = "eagle3_pipeline"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 LAB_PACKAGE = "eagle3_lab"
@@ -66,8 +68,6 @@ def method_module(module: str) -> str | None:
     top, _, rest = module.partition(".")
     if top != METHODS_PACKAGE or not rest:
         return None
-    from ..methods import METHODS
-
     return rest if rest in METHODS else None
 
 

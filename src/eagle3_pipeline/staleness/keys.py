@@ -1,15 +1,10 @@
 """What makes a stage stale: per rule, the config keys whose value changes its output
-(:data:`RESULT_KEYS`, carried by its params, :func:`result_config`) and the keys that change
-no rule's output (:data:`OPERATIONAL_KEYS`)."""
+(:data:`RESULT_KEYS`, carried by its params: :func:`eagle3_pipeline.config.result_config`) and
+the keys that change no rule's output (:data:`OPERATIONAL_KEYS`)."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 from .. import methods
-from ..config.schema import sort_keys
-from ..config.values import bench_chat_template_kwargs, bench_set_spec, speculative_tokens
 
 # What a synth answer depends on (and, for vllm.max_model_len, which prompts are rejected).
 SYNTH_ANSWER_KEYS = (
@@ -42,7 +37,7 @@ ONLINE_EXTRACTION_KEYS = (
     "vllm.dtype",
 )
 # Config keys whose value changes a rule's output, per rule. A rule's params carry exactly these
-# (:func:`result_config`), so a change of one re-runs that rule and everything downstream of it.
+# (config.result_config), so a change of one re-runs that rule and everything downstream of it.
 # A prompts_bench job gets only its own set's entry of prompts.bench.
 RESULT_KEYS: dict[str, tuple[str, ...]] = {
     "target": (
@@ -123,8 +118,6 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "bench.speculative_config",
         "bench.rounds",
         "bench.pairing",
-        "bench.min_acceptance_length",
-        "bench.min_measured_to_predicted",
         "bench.gate",
         *BENCH_VLLM_KEYS,
     ),
@@ -166,9 +159,6 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "extract.agreement_positions_per_sample",
     "extract.verify_device",
     "extract.reference_forward",
-    "extract.reference_rows",
-    "extract.max_reference_rel_error",
-    "extract.disk_margin",
     "extract.server_args",
     "extract.hybrid_disk_gib",
     "extract.servers",
@@ -182,71 +172,3 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "bench.request_timeout_s",
     "bench.server_args",
 )
-
-
-def _lookup(cfg: dict, key: str) -> Any:
-    value = cfg
-    for part in key.split("."):
-        value = value[part]
-    return value
-
-
-def result_config(
-    cfg: dict, rule: str, bench_set: str | None = None, method: str | None = None
-) -> dict:
-    """The result-determining part of the config for ``rule``, as nested sections
-    (``{"synth": {"max_tokens": ...}, "vllm": {...}}``): the rule's ``params``. For
-    ``prompts_bench``, ``prompts.bench`` holds only the entry of ``bench_set``; for ``train``,
-    ``train`` holds the keys ``method`` reads (flat, its own over the shared ones); for
-    ``bench``, ``bench.num_speculative_tokens`` is the list of ``method`` and ``bench.gate``
-    holds the floors that judge it."""
-    if rule == "train":
-        own = methods.method_train_config(cfg["train"], method)
-        out = {"train": sort_keys(copy.deepcopy(own))}
-        if cfg["extract"]["mode"] != "stored":
-            # the train job extracts its hidden states: extraction's result keys are its own
-            # (absent in stored mode, so a stored run keeps the params it had)
-            for key in ONLINE_EXTRACTION_KEYS:
-                if key == "extract.layer_ids" and methods.layer_ids_of(own) is not None:
-                    continue
-                section, name = key.split(".")
-                out.setdefault(section, {})[name] = copy.deepcopy(_lookup(cfg, key))
-        return out
-    out: dict = {}
-    for key in sorted(RESULT_KEYS[rule]):
-        *sections, name = key.split(".")
-        node = out
-        for s in sections:
-            node = node.setdefault(s, {})
-        if key == "prompts.bench":
-            node[name] = [copy.deepcopy(bench_set_spec(cfg, bench_set))]
-        elif key == "bench.num_speculative_tokens":
-            node[name] = speculative_tokens(cfg, method)
-        elif key == "bench.chat_template_kwargs":
-            # resolved (null follows synth); absent when empty, so a config without template
-            # variables keeps the params it had
-            if bench_chat_template_kwargs(cfg):
-                node[name] = bench_chat_template_kwargs(cfg)
-        elif key == "synth.context":
-            # absent at its default (the prompt source's own turns), so a run from before the
-            # key keeps its params
-            if cfg["synth"]["context"] != "dataset":
-                node[name] = cfg["synth"]["context"]
-        elif key == "bench.gate":
-            # the floors that judge this drafter, absent when none (a run without a gate keeps
-            # its params); imported here: the bench package imports this one
-            from ..bench.gate import floors_for
-
-            if floors_for(cfg["bench"]["gate"], method):
-                node[name] = {"floors": copy.deepcopy(floors_for(cfg["bench"]["gate"], method))}
-        elif key == "bench.speculative_config":
-            # absent when empty, as chat_template_kwargs: older runs keep their params
-            if cfg["bench"]["speculative_config"]:
-                node[name] = copy.deepcopy(cfg["bench"]["speculative_config"])
-        else:
-            node[name] = copy.deepcopy(_lookup(cfg, key))
-    if rule == "extract" and methods.extra_layer_ids(cfg["train"]):
-        # layers a method asks for beyond extract.layer_ids (absent when there are none, so
-        # the default config's extraction params are what they were)
-        out["extract"]["method_layer_ids"] = methods.extra_layer_ids(cfg["train"])
-    return out

@@ -1,7 +1,9 @@
 """Synth stage: the target's own answers, with the exact token ids it saw and produced.
 
-- :mod:`.stage`: the requests; one part of the prompts per job (``synth``), the parts' answers
-  merged and checked (``synth_gather``);
+- :mod:`.stage`: one part of the prompts per job (``synth``), the parts' answers merged and
+  checked (``synth_gather``);
+- :mod:`.client`: how a part asks: its endpoints, its requests, each answer journaled;
+- :mod:`.records`: which answer counts for each prompt, the merged records and their stats;
 - :mod:`.answers`: where answers live between jobs (journals keyed by prompt), which prompts a
   part answers;
 - :mod:`.conversations`: with ``synth.context: on_policy``, a conversation's turns and the
@@ -11,7 +13,9 @@
 """
 
 from .answers import part_of
-from .stage import SynthError, gather, generate, generate_on_policy, run, run_part
+from .client import generate, generate_on_policy
+from .errors import SynthError
+from .stage import gather, run, run_part
 
 __all__ = [
     "SynthError",

@@ -8,9 +8,10 @@ part and the gather read all of them::
 
     <work_dir>/<fingerprint>/journal.part-<k>-of-<n>.jsonl   answers of part k of n (one writer)
     <work_dir>/<fingerprint>/runs.part-<k>-of-<n>.jsonl      what each run of that part generated
-    <work_dir>/journal.jsonl, runs.jsonl, fingerprint.json   a single journal (the layout before
-                                                             parts), read while its fingerprint
-                                                             is the current one
+
+The fingerprint holds :data:`ANSWER_FORMAT`, the version of what an answer holds: journals of
+another version are another directory, never read. A single ``<work_dir>/journal.jsonl`` (the
+layout of versions without parts) is refused.
 
 Answers belong to prompts, not to parts: changing the number of parts asks for none of them
 again. The fingerprint (target identity and generation settings) names the directory, so jobs
@@ -30,8 +31,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import RESULT_KEYS
-from ..runtime.files import AppendLog, read_json, stable_hash
+from ..runtime.files import AppendLog, stable_hash
+from ..staleness.keys import RESULT_KEYS
+from .errors import SynthError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ STATUS_RANK = {"ok": 2, "rejected": 1, "failed": 0}
 # 0.4-2M long answers need not fit in memory; AnswerStore.full reads them back one at a time.
 RECORD_ONLY = ("messages", "prompt_token_ids", "completion_token_ids", "reasoning")
 AT = "at"  # where AnswerStore.read found an entry: (journal path, byte offset of its line)
-LEGACY_JOURNAL = "journal.jsonl"
+OLD_LAYOUT_JOURNAL = "journal.jsonl"  # one journal for the whole stage, in the work dir itself
 PART_JOURNAL = re.compile(r"journal\.part-(\d+)-of-(\d+)\.jsonl$")
 
 
@@ -63,10 +65,9 @@ def part_journal_name(part: int, parts: int) -> str:
 
 
 def journal_part(path: Path) -> tuple[int, int]:
-    """(part, parts) of a journal :meth:`AnswerStore.journals` lists; the single journal of
-    the layout before parts was written by the one job there was: (0, 1)."""
+    """(part, parts) of a journal :meth:`AnswerStore.journals` lists."""
     found = PART_JOURNAL.search(path.name)
-    return (int(found[1]), int(found[2])) if found else (0, 1)
+    return int(found[1]), int(found[2])
 
 
 # A fingerprint directory's name (the store owns these and nothing else in its work dir)
@@ -143,20 +144,18 @@ class AnswerStore:
         self.work_dir = Path(work_dir)
         self.fingerprint = fp
         self.dir = self.work_dir / fp[:16]
-
-    def _legacy_is_current(self) -> bool:
-        marker = self.work_dir / "fingerprint.json"
-        try:
-            return read_json(marker).get("fingerprint") == self.fingerprint
-        except (OSError, ValueError):
-            return False
+        old = self.work_dir / OLD_LAYOUT_JOURNAL
+        if old.exists():
+            raise SynthError(
+                f"{old}: answers journaled by an older version of the pipeline (one journal "
+                "for the whole stage), which this version does not read. Delete it (with "
+                "runs.jsonl and fingerprint.json beside it) and run synth again: its prompts "
+                "are asked again."
+            )
 
     def journals(self) -> list[Path]:
         """Every journal of this fingerprint, in the fixed order entries are read in."""
-        found = sorted(self.dir.glob("journal.*.jsonl"))
-        if self._legacy_is_current() and (self.work_dir / LEGACY_JOURNAL).exists():
-            found.insert(0, self.work_dir / LEGACY_JOURNAL)
-        return found
+        return sorted(self.dir.glob("journal.*.jsonl"))
 
     def read(self, content: bool = False) -> list[dict]:
         """Every complete entry of every journal (a torn last line is left out), without what
@@ -201,8 +200,6 @@ class AnswerStore:
 
     def runs(self) -> list[dict]:
         paths = sorted(self.dir.glob("runs.*.jsonl"))
-        if self._legacy_is_current():
-            paths.insert(0, self.work_dir / "runs.jsonl")
         return [r for path in paths for r in AppendLog(path).read()]
 
     def discard_others(self) -> None:
@@ -211,12 +208,7 @@ class AnswerStore:
         work dir (a one-process run's part manifests) are not the store's and stay."""
         if not self.work_dir.is_dir():
             return
-        legacy = self._legacy_is_current()
         for path in self.work_dir.iterdir():
-            if path == self.dir:
-                continue
-            if path.is_dir() and FINGERPRINT_DIR.fullmatch(path.name):
+            if path != self.dir and path.is_dir() and FINGERPRINT_DIR.fullmatch(path.name):
                 log.info("synth: discarding answers of other settings in %s", path)
                 shutil.rmtree(path)
-            elif not legacy and path.name in (LEGACY_JOURNAL, "runs.jsonl", "fingerprint.json"):
-                path.unlink()

@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(writer, rank)
 
     bridges = apply_bridges()
-    from eagle3_pipeline.extract import online_transfer as online_backend
     from eagle3_pipeline.hidden_states import dataset as hs_backend
+    from eagle3_pipeline.online import transfer as online_backend
 
     hs_backend.register()
     online_backend.register()

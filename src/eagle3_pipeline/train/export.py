@@ -7,15 +7,21 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .. import methods
 from ..runtime.files import atomic_path
 
 
 def export_checkpoint(ckpt: Path, drafter_dir: Path, verifier_path: str) -> dict[str, Any]:
     """Copy ``ckpt`` to ``drafter_dir`` as a self-describing speculators checkpoint whose
-    verifier path is absolute. Weights first, config.json last (each file atomically)."""
+    verifier path is absolute and whose config says what vLLM must build for it (the
+    method's :meth:`~eagle3_pipeline.methods.base.Method.exported_config`). Weights first,
+    config.json last (each file atomically)."""
     drafter_dir.mkdir(parents=True, exist_ok=True)
     verifier = str(Path(verifier_path).resolve())
     config = json.loads((ckpt / "config.json").read_text())
+    method = config.get("speculators_model_type")
+    if method in methods.REGISTRY:
+        config = methods.get(method).exported_config(config)
     config.setdefault("speculators_config", {}).setdefault("verifier", {})
     config["speculators_config"]["verifier"]["name_or_path"] = verifier
     for name in ("model.safetensors", "config.py"):

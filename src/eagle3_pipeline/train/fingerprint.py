@@ -38,7 +38,7 @@ TRAINING_CODE = (
 # Online/hybrid: the code that produces the samples inside training (the round trip to the
 # server, its checks, the cache). What the samples hold is the capture fingerprint's
 # (extract.CAPTURE_FORMAT among it), as for stored samples.
-ONLINE_TRAINING_CODE = ("extract.online", "extract.online_transfer")
+ONLINE_TRAINING_CODE = ("online.job", "online.servers", "online.spec", "online.transfer")
 # What identifies the hidden states in their manifest (eagle3_pipeline.extract.gather); online
 # (no samples on disk to hash) the capture fingerprint of the job's own extraction.
 HIDDEN_STATES_KEYS = ("samples_sha256", "num_samples", "layer_ids", "storage", "hidden_size")

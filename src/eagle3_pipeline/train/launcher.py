@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ..server import guard as server_guard
+from . import entry as training_process  # noqa: F401  (run by the launch: in the code hash)
 from .errors import TrainError
 
 log = logging.getLogger(__name__)
@@ -22,12 +23,12 @@ RENDEZVOUS_BASE_PORT = 29500
 
 
 def _training_process_modules() -> None:
-    """Never called. The training process runs these modules in a subprocess; importing them
-    here puts them into the train rule's code hash (staleness.code.code_hash), so an edit to either
-    re-runs the stage."""
-    from ..extract import online_transfer  # noqa: F401  (extract.mode online/hybrid)
+    """Never called. The training process runs these backends (and :mod:`.entry`, imported
+    above) in a subprocess; importing them here puts them into the train rule's code hash
+    (staleness.code.code_hash), so an edit to either re-runs the stage, without loading
+    hs_connectors where the job only launches training."""
     from ..hidden_states import dataset as hs_backend  # noqa: F401
-    from . import entry  # noqa: F401
+    from ..online import transfer  # noqa: F401  (extract.mode online/hybrid)
 
 
 def launch_command(

@@ -10,9 +10,10 @@ from typing import Any
 
 from .. import methods
 from ..runtime.files import AppendLog
+from ..runtime.results import TRAIN_METRICS, format_tag
 from ..stats import median
 
-METRICS_FORMAT = "eagle3-pipeline/train-metrics@1"
+METRICS_FORMAT = format_tag(TRAIN_METRICS)
 RECORDS = "logs/metrics.jsonl"
 
 

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import methods
+from ..extract.capture import ExtractError
 from ..methods import consistency, layer_ids_of
+from ..online.job import online_manifest, online_verification, start_online
 from ..runtime.files import AppendLog, read_json, write_json
 from ..runtime.provenance import provenance
 from .checkpoints import CHECKPOINTS, best_checkpoint, clean_checkpoints, training_finished
 from .errors import TrainError
 from .export import export_checkpoint
-from .extraction import online_manifest, online_verification, start_online
 from .fingerprint import ONLINE_DIR, fingerprint, prepare_work_dir
 from .launcher import child_env, launch, launch_command, multi_node_command
 from .metrics import METRICS_FORMAT, RECORDS, read_records, summarize
@@ -66,7 +67,7 @@ def run(
     ``online`` (extract.mode online or hybrid; ``manifest_path`` is then None): the job's own
     extraction, ``{"extract": section, "vllm": section, "synth_temperature": float,
     "allow_low_disk": bool}``: the training process asks extraction servers for each sample
-    (:mod:`eagle3_pipeline.extract.online`)."""
+    (:mod:`eagle3_pipeline.online`)."""
     t0 = time.time()
     method = methods.of(cfg).name
     target_info = read_json(target_json)
@@ -202,7 +203,10 @@ def run(
             )
 
     if online is not None:
-        manifest["verification"] = online_verification(hs_root, online)
+        try:
+            manifest["verification"] = online_verification(hs_root, online)
+        except ExtractError as e:
+            raise TrainError(str(e)) from e
     records = read_records(records_path)
     this_run = {
         "reused": reused,

@@ -44,7 +44,7 @@ PROTECTED = frozenset(
         "draft_config",
     }
 )
-# The hidden-states backends (hidden_states.dataset, extract.online register them), by name:
+# The hidden-states backends (hidden_states.dataset, online.transfer register them), by name:
 # no import of either here (pure, light)
 SHARDS_BACKEND = "eagle3-pipeline-shards"
 ONLINE_BACKEND = "eagle3-pipeline-online"
