@@ -289,14 +289,14 @@ def test_two_rounds_faster_in_both_are_ok_and_one_slower_round_is_not():
 
     both = [two_rounds([11.0, 13.0]), two_rounds([12.0, 12.5], prompt_set="heldout")]
     assert [r["rounds"] for r in both] == [2, 2]
-    assert bench_verdict.judge(both, CFG) == {
+    assert bench_verdict.judge(both) == {
         "ok": True,
         "message": "OK: acceptance length 1.90..1.90, speedup 1.20x..1.23x (median of 2 rounds, "
         "every round faster)",
         "problems": [],
         "notes": [],
     }
-    one_slower = bench_verdict.judge([two_rounds([13.0, 9.9]), both[1]], CFG)
+    one_slower = bench_verdict.judge([two_rounds([13.0, 9.9]), both[1]])
     assert not one_slower["ok"]
     assert one_slower["problems"] == [
         "NO SPEEDUP: the rounds do not show one (1.15x at concurrency 1 on mtbench, 0.99-1.30 "

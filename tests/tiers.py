@@ -44,7 +44,6 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "synth_interrupted": ("slurm", "server"),
     "resumed_run": ("training",),
     "dflash_run": ("training",),
-    "tiny_drafter": ("training",),
 }
 # what costs more than the quick tier has room for
 IMPLIED = {"training": ("slow",), "e2e": ("slow",), "slurm": ("slow",)}
