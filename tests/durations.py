@@ -1,6 +1,6 @@
 """Per-test durations of a run, from its JUnit XML (``pytest --junitxml``), as Markdown: the
 run's wall time and where it went, by tier, by module and by test. `.ci/run` writes one for
-every CI run; tests/durations.md holds the last full local run's.
+every CI run, in $CI_OUT beside the JUnit file.
 
     .venv/bin/python tests/durations.py RUN.xml --command "..." --note "what else ran" > out.md
 
