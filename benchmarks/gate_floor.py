@@ -3,13 +3,13 @@
 prompt set set below the worst seed with a margin (bench.gate; docs/architecture.md, "The
 regression gate").
 
-    PYTHONPATH=src:tests .venv/bin/python benchmarks/gate_floor.py --slurm --set memorized \\
+    PYTHONPATH=src:tests .venv/bin/python benchmarks/gate_floor.py --set memorized \\
         --seeds 0 1 2 --out benchmarks/results/gate/ci_memorized_floor.json
 
 The CI-sized config (tests/configs/ci.yaml) by default, in a fresh directory with tests/data
-as its data/ (as the tests run it); ``--slurm`` runs it through the tests' local Slurm cluster
-(tests/local_slurm.py; root), as CI does, whose training spans two nodes. Your own target:
-``--configfile your.yaml --data your/data`` without ``--slurm`` runs it on this machine. The
+as its data/, with the local executor as the tests run it; ``--slurm`` runs it through the
+tests' local Slurm cluster (tests/local_slurm.py; root) instead. Your own target:
+``--configfile your.yaml --data your/data`` runs it on this machine. The
 data stages run once; each seed re-runs training and bench. Any gate of the config is switched
 off while measuring (floors: []), so that no seed fails the run. Prints each seed's figures
 and the floors as YAML for bench.gate; writes every figure with ``--out``.
@@ -30,7 +30,7 @@ from pathlib import Path
 from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime.files import read_json
 
-from conftest import CI_CONFIG, REPO, ci_snakemake
+from dag_runs import CI_CONFIG, REPO, ci_snakemake
 
 
 def floors_from(seeds_rows: Iterable[list[dict]], prompt_set: str, margin: float) -> list[dict]:
@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.3)
     ap.add_argument("--slurm", action="store_true", help="through the tests' local Slurm cluster")
     ap.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds a workflow run may take")
     ap.add_argument("--out", help="write every seed's figures and the floors as JSON here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +155,12 @@ def measure_seeds(args, work: Path, slurm) -> dict[int, dict]:
         overrides = [f"train={{seed: {seed}}}", "bench={gate: {floors: []}}"]
         t0 = time.monotonic()
         proc = ci_snakemake(
-            work, "--config", *overrides, slurm=slurm, configfiles=tuple(args.configfile)
+            work,
+            "--config",
+            *overrides,
+            slurm=slurm,
+            configfiles=tuple(args.configfile),
+            timeout=args.timeout,
         )
         if proc.returncode != 0:
             raise SystemExit(f"seed {seed} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")

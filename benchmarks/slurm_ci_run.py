@@ -5,7 +5,8 @@ what Slurm accounted for each of its jobs.
 
 Starts the tests' local cluster (tests/local_slurm.py: Debian's Slurm daemons, two nodes of
 eight GPU device files, installed with apt-get when missing; root), runs the workflow with
-`--profile profiles/slurm` in a fresh directory as the tests do, and records per Slurm job the
+`--profile profiles/slurm` in a fresh directory, training over the two nodes (`train.nodes: 2`;
+the tests' local run trains on one), and records per Slurm job the
 rule, state, nodes, elapsed time, time limit and allocation (sacct), the workflow's wall time,
 and what else ran on the machine (load average before and after).
 """
@@ -25,7 +26,7 @@ from local_slurm import ci_cluster
 from eagle3_lab.results import write_result
 from eagle3_pipeline.runtime.provenance import package_versions as versions
 
-from conftest import REPO, ci_snakemake
+from dag_runs import REPO, ci_snakemake
 
 
 def main() -> None:
@@ -45,7 +46,7 @@ def main() -> None:
         with ci_cluster() as slurm:
             load_before = os.getloadavg()
             t0 = time.monotonic()
-            proc = ci_snakemake(work, slurm=slurm)
+            proc = ci_snakemake(work, "--config", "train={nodes: 2}", slurm=slurm)
             wall = time.monotonic() - t0
             if proc.returncode != 0:
                 raise SystemExit(proc.stdout[-3000:] + proc.stderr[-3000:])

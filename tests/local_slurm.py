@@ -388,6 +388,8 @@ class LocalSlurm:
         "JobIDRaw",
         "State",
         "NNodes",
+        "AllocCPUS",
+        "ReqMem",
         "Elapsed",
         "Timelimit",
         "AllocTRES",

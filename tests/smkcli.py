@@ -7,6 +7,7 @@ rule, wildcards, reason and evaluated resources of every job.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -191,3 +192,51 @@ def copy_repo(dest: Path) -> Path:
         else:
             shutil.copy2(src, dest / name)
     return dest
+
+
+def mark_done(repo: Path, *args: str, workdir: Path | None = None) -> None:
+    """Create every planned output empty and record real metadata for it (--touch)."""
+    jobs = plan(*args, repo=repo, workdir=workdir)
+    outputs = [o for j in jobs for o in j.fields.get("output", "").split(", ") if o]
+    directories = {"prepare/dataset", "report/plots"}  # the directory() outputs in rules/
+    for o in outputs:
+        path = (workdir or repo) / o
+        if any(o.endswith(d) for d in directories):
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    snakemake("--touch", "--forceall", "--cores", "1", *args, repo=repo, workdir=workdir)
+
+
+def rerun_plan(repo: Path, *args: str) -> dict[str, str]:
+    """rule -> Snakemake's reason, of the jobs a dry run in ``repo`` plans."""
+    return {j.rule: j.reason for j in plan(*args, repo=repo)}
+
+
+def slurm_calls(*args: str, workdir: Path) -> list[dict]:
+    """sbatch calls built by snakemake-executor-plugin-slurm's own code
+    (scripts/slurm_preview.py)."""
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts" / "slurm_preview.py"),
+        "--json",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--profile",
+        str(REPO / "profiles" / "slurm"),
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=workdir, env=env_for(REPO / "src"), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout[proc.stdout.index("[") :])
+
+
+def sbatch_flag(cmd: str, pattern: str) -> int | None:
+    """The integer of ``pattern``'s group in an sbatch line, None where it does not occur."""
+    m = re.search(pattern, cmd)
+    return int(m.group(1)) if m else None

@@ -279,6 +279,32 @@ def test_one_round_is_never_ok():
         )
 
 
+def test_two_rounds_faster_in_both_are_ok_and_one_slower_round_is_not():
+    """The least that is OK: two rounds, each faster with the drafter (the CI config's
+    bench.rounds: 2). One of the two at or below 1 is NO SPEEDUP."""
+
+    def two_rounds(drafter_tps: list[float], **row) -> dict:
+        stats = bench_verdict.speedup_stats(drafter_tps, [10.0, 10.0], paired=True)
+        return {**run_row(1.9, rounds=2, **row), **stats}
+
+    both = [two_rounds([11.0, 13.0]), two_rounds([12.0, 12.5], prompt_set="heldout")]
+    assert [r["rounds"] for r in both] == [2, 2]
+    assert bench_verdict.judge(both) == {
+        "ok": True,
+        "message": "OK: acceptance length 1.90..1.90, speedup 1.20x..1.23x (median of 2 rounds, "
+        "every round faster)",
+        "problems": [],
+        "notes": [],
+    }
+    one_slower = bench_verdict.judge([two_rounds([13.0, 9.9]), both[1]])
+    assert not one_slower["ok"]
+    assert one_slower["problems"] == [
+        "NO SPEEDUP: the rounds do not show one (1.15x at concurrency 1 on mtbench, 0.99-1.30 "
+        "over 2 rounds; 1 of 2 measurements have rounds on both sides of 1): more rounds "
+        "(bench.rounds) or more prompts would tell faster from equal"
+    ]
+
+
 CROWDED_GPU = {"other_gpu_processes": [{"pid": 77, "name": "python3", "memory_mib": "900"}]}
 
 

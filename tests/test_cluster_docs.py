@@ -21,6 +21,9 @@ import pytest
 
 from smkcli import REPO, env_for, parse_jobs, snakemake
 
+# the page's commands run as dry runs, each a snakemake subprocess of ~3 s of CPU
+pytestmark = pytest.mark.slow
+
 DOC = REPO / "docs" / "cluster.md"
 TARGET = re.compile(r"^target=\{path: (.*)\}$")
 

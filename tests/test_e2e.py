@@ -13,13 +13,13 @@ import yaml
 
 from eagle3_pipeline.engine import cpu_fixes as vllm_cpu_fixes
 
-from conftest import CI_CONFIG, ci_snakemake
+from dag_runs import CI_CONFIG, ci_snakemake
 
 CI = yaml.safe_load(CI_CONFIG.read_text())
 
-# The first test here runs the CI-sized DAG (the session's ci_run fixture, a subprocess of at
-# most an hour: conftest.ci_snakemake) before its own assertions.
-pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
+# The session's CI-sized run is made in the background (tests/dag_runs.py); the first test here
+# may wait for it.
+pytestmark = pytest.mark.timeout(3600)
 
 BENCH_PLOTS = ("acceptance_per_position", "acceptance_length", "throughput")
 
@@ -38,8 +38,12 @@ def test_report_numbers_are_real(run_dir):
     assert [r["prompt_set"] for r in runs] == list(sizes)
     for r in runs:
         assert r["drafts"] > 0 and r["draft_tokens"] == 2 * r["drafts"]
-        assert r["acceptance_length"] >= 1.0
         assert len(r["per_position"]) == 2
+        # tau comes from vLLM's accepted-token counter, the per-position figures from its
+        # per-position counters: they agree, and a position is accepted only after every
+        # earlier one
+        assert r["acceptance_length"] == pytest.approx(1 + sum(r["per_position"]))
+        assert r["per_position"] == sorted(r["per_position"], reverse=True)
         assert r["baseline_tokens_per_s"] > 0 and r["tokens_per_s"] > 0
         assert r["outputs_vs_baseline"]["compared"] == sizes[r["prompt_set"]]
         # two rounds alternating between the baseline and the drafter server, paired
@@ -97,7 +101,9 @@ def test_heldout_prompts_are_benchmarked_and_never_trained_on(run_dir):
     assert len(held) == 3 and len(answered) == 32 and not set(held) & answered
     bench = json.loads((run_dir / "bench" / "eagle3" / "metrics.json").read_text())
     verdict = bench["verdict"]
-    assert verdict["message"] == (verdict["problems"] or [verdict["message"]])[0]
+    # the CI drafter has problems (test_the_ci_drafter_learns_and_passes_its_gate): the most
+    # severe one is the headline
+    assert verdict["problems"] and verdict["message"] == verdict["problems"][0]
     html = (run_dir / "report" / "report.html").read_text()
     # the headline as the page shows it (escaped: "acceptance length 1.00 < 1.1")
     assert "heldout (never trained on)" in html and escape(verdict["message"]) in html

@@ -5,6 +5,7 @@ server), so next-token agreement must be ~100%."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,91 +20,30 @@ from eagle3_pipeline import extract
 from eagle3_pipeline.hidden_states import shards
 from eagle3_pipeline.hidden_states.disk import sample_bytes
 from eagle3_pipeline.prepare import stage as prepare
-from eagle3_pipeline.runtime.files import read_json, write_jsonl_zst
-from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.runtime.files import read_json
 
-from conftest import default_config
+from extraction_fixtures import TOPICS, extract_cfg, run_part
 
-pytestmark = pytest.mark.server
-
-TOPICS = [
-    "rivers",
-    "planets",
-    "bread",
-    "violins",
-    "volcanoes",
-    "owls",
-    "chess",
-    "glaciers",
-    "bridges",
-    "tea",
-    "comets",
-    "maps",
-]
+# every test reads the extraction the session makes once with its own server (extracted), or
+# starts the extract stage's own
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory, target_json, vllm_server):
-    tmp = tmp_path_factory.mktemp("extract-data")
-    rows = [
-        {"id": f"x:{i}", "messages": [{"role": "user", "content": f"Tell me about {t}."}]}
-        for i, t in enumerate(TOPICS)
-    ]
-    write_jsonl_zst(tmp / "prompts.jsonl.zst", rows)
-    cfg = default_config(
-        synth={"endpoint": vllm_server.base_url, "max_tokens": 40, "concurrency": 6}
-    )
-    synth.run(
-        target_json,
-        tmp / "prompts.jsonl.zst",
-        tmp / "synth.jsonl.zst",
-        tmp / "synth.json",
-        cfg["synth"],
-        cfg["vllm"],
-        tmp / ".partial",
-    )
-    prepare.build_dataset(
-        tmp / "synth.jsonl.zst", tmp / "dataset", tmp / "prepare.json", seq_length=512, seed=0
-    )
-    return tmp / "dataset"
-
-
-def extract_cfg(**kw) -> dict:
-    cfg = default_config(extract={"samples_per_shard": 4, "concurrency": 2, **kw})
-    return cfg
-
-
-def run_part(root: Path, target_json, dataset, cfg, part=0, jobs=1):
-    return extract.run_part(
-        part,
-        jobs,
-        target_json,
-        dataset,
-        root,
-        root / "parts" / f"part_{part}.json",
-        cfg["extract"],
-        cfg["vllm"],
-    )
-
-
-def test_extraction_is_verified_and_matches_transformers(tmp_path, target_json, dataset):
-    cfg = extract_cfg()
-    m = run_part(tmp_path / "hs", target_json, dataset, cfg)
+def test_extraction_is_verified_and_matches_transformers(tmp_path, extracted):
+    m, root = extracted["manifest"], extracted["root"]
     v = m["verification"]
     assert m["num_samples"] == len(TOPICS) and m["layer_ids"] == [2, 15, 27, 30]
     assert v["next_token_agreement"] >= 0.99 and v["next_token_positions"] > 100
     # bf16 storage of an fp32 server: rounding only (2^-9 relative)
     assert v["reference"]["max_rel_error"] < 0.01
     assert len(m["shards"]) == 3 and all(
-        (shards.shard_dir(tmp_path / "hs", s["index"]) / "shard.json").exists() for s in m["shards"]
+        (shards.shard_dir(root, s["index"]) / "shard.json").exists() for s in m["shards"]
     )
-    t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
+    t = load_file(shards.sample_path(root, 0, 4))
     assert t["hidden_states"].dtype == torch.bfloat16
     assert t["hidden_states"].shape[1:] == (4, 576)
     manifest = extract.gather(
-        [tmp_path / "hs" / "parts" / "part_0.json"],
-        tmp_path / "hs" / "manifest.json",
-        cfg["extract"],
+        [root / "parts" / "part_0.json"], tmp_path / "manifest.json", extracted["cfg"]["extract"]
     )
     assert manifest["num_samples"] == len(TOPICS)
     assert manifest["bytes_per_token"] == pytest.approx(4 * 576 * 2, rel=0.02)
@@ -131,10 +71,15 @@ def stored(root: Path) -> int:
     return n
 
 
-def test_kill9_resume_and_corrupt_files(tmp_path, target_json, dataset):
+def test_kill9_resume_and_corrupt_files(tmp_path, target_json, greedy_dataset):
     root = tmp_path / "hs"
     cfg = extract_cfg(concurrency=1, reference_forward="never")
-    args = {"target": str(target_json), "dataset": str(dataset), "root": str(root), "cfg": cfg}
+    args = {
+        "target": str(target_json),
+        "dataset": str(greedy_dataset),
+        "root": str(root),
+        "cfg": cfg,
+    }
     proc = subprocess.Popen(
         [sys.executable, "-c", KILL_SCRIPT, json.dumps(args)],
         stdout=subprocess.PIPE,
@@ -151,37 +96,40 @@ def test_kill9_resume_and_corrupt_files(tmp_path, target_json, dataset):
     assert 5 <= before < len(TOPICS)
     assert not (root / "parts" / "part_0.json").exists()
 
-    m = run_part(root, target_json, dataset, cfg)
-    assert m["this_run"]["samples"] == len(TOPICS) - before  # complete samples were reused
-    assert m["verification"]["next_token_agreement"] >= 0.99
-
-    # Bit rot in a sealed shard and a truncated file: both found by checksum and redone.
+    # Meanwhile bit rot in the sealed first shard and a truncated file in the open second one
+    # (one answer at a time: the samples were stored in order). The re-run finds both by
+    # checksum and redoes them with the samples the killed run had not stored.
     victim = shards.sample_path(root, 1, 4)
     data = bytearray(victim.read_bytes())
     data[-5] ^= 0xFF
     victim.write_bytes(bytes(data))
-    truncated = shards.sample_path(root, 9, 4)
+    truncated = shards.sample_path(root, 4, 4)
     truncated.write_bytes(truncated.read_bytes()[:100])
-    (root / "parts" / "part_0.json").unlink()
-    m = run_part(root, target_json, dataset, cfg)
-    assert m["this_run"]["samples"] == 2
+    m = run_part(root, target_json, greedy_dataset, cfg)
+    assert m["this_run"]["samples"] == len(TOPICS) - before + 2  # the others were reused
     assert m["verification"]["redone_after_checksum_failure"] == 2
+    assert m["verification"]["next_token_agreement"] >= 0.99
     assert load_file(victim)["hidden_states"].shape[1] == 4
+    assert load_file(truncated)["token_ids"].numel() > 0
 
 
-def test_reshuffled_rows_reuse_every_sample_without_a_server(tmp_path, target_json, dataset):
+def test_reshuffled_rows_reuse_every_sample_without_a_server(
+    tmp_path, target_json, greedy_dataset, extracted
+):
     """An edited prompt pool reshuffles prepare's rows: every stored sample is found by its
     token ids and moved to its new index; no server starts."""
-    cfg = extract_cfg(reference_forward="never")
     root = tmp_path / "hs"
-    first = run_part(root, target_json, dataset, cfg)
-    assert first["this_run"]["samples"] == len(TOPICS)
+    shutil.copytree(extracted["root"], root)
     reshuffled = tmp_path / "dataset-seed1"
     prepare.build_dataset(
-        dataset.parent / "synth.jsonl.zst", reshuffled, tmp_path / "p.json", seq_length=512, seed=1
+        greedy_dataset.parent / "synth.jsonl.zst",
+        reshuffled,
+        tmp_path / "p.json",
+        seq_length=512,
+        seed=1,
     )
     (root / "parts" / "part_0.json").unlink()
-    m = run_part(root, target_json, reshuffled, cfg)
+    m = run_part(root, target_json, reshuffled, extract_cfg(reference_forward="never"))
     assert m["this_run"]["server_started"] is False and m["this_run"]["samples"] == 0
     assert m["this_run"]["moved_from_other_rows"] > 0
     from datasets import load_from_disk
@@ -192,9 +140,9 @@ def test_reshuffled_rows_reuse_every_sample_without_a_server(tmp_path, target_js
         assert stored == ds[i]["input_ids"]
 
 
-def test_fp8_storage_halves_the_bytes(tmp_path, target_json, dataset):
+def test_fp8_storage_halves_the_bytes(tmp_path, target_json, greedy_dataset):
     cfg = extract_cfg(storage="fp8")
-    m = run_part(tmp_path / "hs", target_json, dataset, cfg)
+    m = run_part(tmp_path / "hs", target_json, greedy_dataset, cfg)
     t = load_file(shards.sample_path(tmp_path / "hs", 0, 4))
     assert t["hidden_states"].dtype == torch.float8_e4m3fn and shards.SCALES_KEY in t
     bf16_bytes = sum(sample_bytes(n, 4, 576, "bf16") for n in [s["tokens"] for s in m["shards"]])

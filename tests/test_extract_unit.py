@@ -86,6 +86,7 @@ def test_check_sample_rejects_bad_samples(greedy_row):
         verify.check_sample(bad, tok, ids, 4, 576)
 
 
+@pytest.mark.slow  # more than the quick tier has room for
 def test_reference_errors_flag_wrong_layers(greedy_row, target_dir):
     ids, h = greedy_row["ids"], greedy_row["hidden"]
     good = verify.reference_errors(target_dir, [(ids, h)], greedy_row["layers"])

@@ -19,7 +19,8 @@ from eagle3_pipeline.config import ConfigError
 from eagle3_pipeline.runtime.files import read_json, write_json
 from eagle3_pipeline.runtime.results import TRAIN_METRICS, format_tag
 
-from conftest import CI_CONFIG, default_config, unprobed
+from conftest import default_config, unprobed
+from dag_runs import CI_CONFIG
 
 
 def row(prompt_set="pinned", k=3, temperature=0.0, tau=1.8, per_position=(0.5, 0.2, 0.1)):
@@ -244,8 +245,8 @@ def pinned_sets(ci_bench) -> dict[str, str]:
 
 
 @pytest.mark.server
-@pytest.mark.e2e
-@pytest.mark.timeout(3600)
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # the session's CI-sized run may still be in the making
 def test_a_drafter_with_a_shuffled_vocabulary_map_fails_the_gate(ci_bench, tmp_path):
     """The CI run's drafter, broken two ways. Wrong aux layer ids in its config: the train/serve
     check refuses it before any server starts. Its vocabulary map (d2t) shuffled, which that

@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eagle3_pipeline.staleness.interrupted import interrupted_outputs, metadata_records
+
+# each test runs real Snakemake several times (~3 s of CPU each): the full tier
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEFILE = """

@@ -73,6 +73,7 @@ PEAGLE_CFG = {
 }
 
 
+@pytest.mark.training
 def test_peagle_trains_on_the_cpu_and_exports_what_vllm_reads(tmp_path, target_json, fixture_data):
     kwargs = {**run_kwargs(tmp_path, target_json, fixture_data), "cfg": dict(PEAGLE_CFG)}
     m = train.run(**kwargs)

@@ -338,6 +338,7 @@ def training_like_prompts(n_seen: int = 4, n_new: int = 4) -> list[str]:
 
 
 @pytest.mark.server
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize", ["none", "w4a16"])
 def test_the_miniature_thinks_on_vllm_cpu(quantize, tmp_path):
     """Served as Kimi-K2.5 is (kimi_k2 reasoning parser, thinking on, text only), the

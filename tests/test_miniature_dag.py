@@ -15,9 +15,15 @@ import numpy as np
 import pytest
 from miniature_build import REPO, build_cached
 
-from conftest import ci_snakemake
+from dag_runs import ci_snakemake
 
-pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.e2e,
+    pytest.mark.training,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+]
 
 PROFILE = (REPO / "config" / "kimi-k2.5.yaml", REPO / "tests" / "configs" / "ci_kimi.yaml")
 VOCAB = 163_840

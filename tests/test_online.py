@@ -35,7 +35,8 @@ from eagle3_pipeline.vocab import stage as vocab
 from conftest import CACHE, default_config
 from train_fixtures import TRAIN_CFG, _records
 
-pytestmark = pytest.mark.server
+# every test trains, beside extraction servers of its own or one started for the module
+pytestmark = [pytest.mark.server, pytest.mark.training]
 
 REPO = Path(__file__).resolve().parents[1]
 TOPICS = ["rivers", "planets", "bread", "violins", "volcanoes", "owls", "chess", "glaciers"]

@@ -81,6 +81,7 @@ def test_kimi_config_has_the_published_size():
     assert 1.0e12 < p["total"] < 1.05e12 and 32e9 < p["active"] < 34e9  # "1T total, 32B active"
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_kimi_plan_printed_by_a_dry_run(kimi, tmp_path):
     proc = dry_run(tmp_path, "kimi-k2.5.yaml", f"target={{path: {kimi}}}")
     lines = plan_lines(proc.output)
@@ -303,6 +304,7 @@ def test_plan_md_shows_the_plain_and_the_anchor_scale_plans():
     assert "n: 600000" in commands[1] and "synth={jobs: 16}" in commands[1]
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 @pytest.mark.parametrize("command,shown", documented_plans(), ids=["10k", "600k"])
 def test_the_plans_in_plan_md_are_what_their_commands_print(command, shown, tmp_path):
     args = shlex.split(command.replace("$PWD", str(REPO)))[1:]  # the words after `snakemake`
@@ -324,6 +326,7 @@ def test_cluster_md_quotes_the_anchor_plan_of_plan_md():
     assert len(quoted) == 8 and all(figure in shown for figure in quoted), quoted
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
     out = dry_run(tmp_path, "llama-8b.yaml", f"target={{path: {llama}}}").output
     lines = plan_lines(out)
@@ -340,6 +343,7 @@ def test_llama_plan_printed_by_a_dry_run(llama, tmp_path):
     assert "h200_extract_throughput_8b_waitthreads_rounds.json" in lines["extract time"]
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_a_too_small_disk_stops_a_real_run_before_synth(kimi, tmp_path):
     # more prompts than any disk holds the hidden states of, whatever this machine has free
     proc = dry_run(
@@ -433,6 +437,7 @@ def hub_env(tmp_path: Path, monkeypatch) -> dict:
     return {}
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_a_hub_target_missing_offline_is_said_by_the_dry_run(tmp_path, monkeypatch):
     hub_env(tmp_path, monkeypatch)
     args = ["target={source: hub, path: some-org/not-downloaded}"]
@@ -445,6 +450,7 @@ def test_a_hub_target_missing_offline_is_said_by_the_dry_run(tmp_path, monkeypat
     assert not (tmp_path / "results" / "default" / "logs").exists()
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_a_hub_target_in_the_cache_is_planned_offline(tmp_path, monkeypatch, llama):
     hub_env(tmp_path, monkeypatch)
     snap = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-3.1-8B-Instruct"
@@ -460,6 +466,7 @@ def test_a_hub_target_in_the_cache_is_planned_offline(tmp_path, monkeypatch, lla
     assert "WARNING" not in proc.output
 
 
+@pytest.mark.slow  # the snakemake CLI in a subprocess
 def test_a_real_run_writes_its_plan(tmp_path, llama):
     """A plan without problems (a local 8B target on the CPU, the default's 160 prompts): a real
     run starts and keeps its plan beside the results (only the cheap target job is run)."""

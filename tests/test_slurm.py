@@ -1,25 +1,30 @@
-"""The CI-sized DAG through a real Slurm cluster (tests/local_slurm.py, started by the
-session's `slurm` fixture) with the project's profile and snakemake-executor-plugin-slurm:
-every rule a Slurm job with the resources and wall time the profile asks, training as one
-allocation over two nodes, a synth job cancelled with scancel costing no answer, a synth job
-stopped at its Slurm time limit costing none either, and nothing left in the queue."""
+"""The CI-sized DAG through a real Slurm cluster (tests/local_slurm.py) with the project's
+profile and snakemake-executor-plugin-slurm, on copies of the session's finished local run
+(tests/dag_runs.py): every rule a Slurm job with the CPUs, memory and wall time the profile
+asks, training as one allocation over two nodes whose trainer ran as two processes, a synth job
+stopped at its Slurm time limit and one cancelled with scancel costing no answer, and nothing
+left in the queue."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import CI_CONFIG, REPO, ci_snakemake, journaled_answers
+from dag_runs import CI_CONFIG, CI_SLURM_CONFIG, REPO, ci_snakemake
+from smkcli import sbatch_flag, slurm_calls
 
-pytestmark = [pytest.mark.server, pytest.mark.e2e, pytest.mark.timeout(3600)]
+# The shared runs are made in the background (tests/dag_runs.py); the first test here may wait
+# for them.
+pytestmark = pytest.mark.timeout(3600)
 
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-CI = yaml.safe_load((REPO / "tests" / "configs" / "ci.yaml").read_text())
+CI = yaml.safe_load(CI_CONFIG.read_text())
+ON_SLURM = yaml.safe_load(CI_SLURM_CONFIG.read_text())
+CONFIGS = (CI_CONFIG, CI_SLURM_CONFIG)
 
 
 def slurm_jobs(slurm, work: Path) -> list[dict]:
@@ -38,9 +43,16 @@ def minutes(limit: str) -> int:
     return (int(days or 0) * 24 + h) * 60 + m
 
 
-def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(ci_run, slurm):
-    jobs = slurm_jobs(slurm, ci_run)
+def megabytes(req_mem: str) -> float:
+    """sacct's ReqMem (a job's whole request since Slurm 21.08: '62.50G') in MB (MiB)."""
+    value, unit = float(req_mem[:-1]), req_mem[-1]
+    return value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[unit]
+
+
+def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, slurm):
+    jobs = slurm_jobs(slurm, slurm_run)
     done = [j for j in jobs if j["State"] == "COMPLETED"]
+    assert len(done) == len(jobs), [(j["Comment"], j["State"]) for j in jobs]
     rules = {rule_of(j) for j in done}
     assert rules == {
         "target",
@@ -67,97 +79,89 @@ def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(ci_run, slurm
     assert sum(rule_of(j) == "extract" for j in done) == CI["extract"]["jobs"]
     # training: one allocation over train.nodes nodes; every other job on one
     for j in done:
-        expected = CI["train"]["nodes"] if rule_of(j) == "train" else 1
+        expected = ON_SLURM["train"]["nodes"] if rule_of(j) == "train" else 1
         assert int(j["NNodes"]) == expected, j
+    # CPUs and memory: what Slurm granted each job is what the profile asks through the plugin
+    # (its sbatch line: --cpus-per-task per task, --mem-per-cpu per CPU)
+    args = ["--forceall", "--configfile", *map(str, CONFIGS)]
+    asked = {f"rule_{c['rule']}": c["sbatch"] for c in slurm_calls(*args, workdir=slurm_run)}
+    for j in done:
+        sbatch = asked[re.sub(r"_wildcards_.*", "", j["Comment"])]
+        cpus = sbatch_flag(sbatch, r"--cpus-per-task=(\d+)") * (
+            sbatch_flag(sbatch, r"--ntasks=(\d+)") or 1
+        )
+        assert int(j["AllocCPUS"]) == cpus, (j, sbatch)
+        mem = cpus * sbatch_flag(sbatch, r"--mem-per-cpu (\d+)")
+        assert megabytes(j["ReqMem"]) == pytest.approx(mem, rel=1e-3), (j, sbatch)
+    # the rules the profile sizes say so; the others take their threads (every core asked)
+    for rule, res in PROFILE["set-resources"].items():
+        if "cpus_per_task" in res and f"rule_{rule}" in asked:
+            assert (
+                sbatch_flag(asked[f"rule_{rule}"], r"--cpus-per-task=(\d+)") == res["cpus_per_task"]
+            )
 
 
-def test_a_cancelled_synth_job_lost_no_answer_and_none_was_asked_twice(ci_run, slurm):
-    """scancel of a running synth job (conftest.ci_run): the profile resubmitted it, and the
-    resubmitted job answered only what the cancelled one had not journaled."""
-    cancelled = json.loads((ci_run / "cancelled_synth.json").read_text())
-    states = {j["JobIDRaw"]: j["State"] for j in slurm_jobs(slurm, ci_run)}
-    assert states[cancelled["job_id"]].startswith("CANCELLED"), states
-    answers = journaled_answers(ci_run / "results" / "ci")
-    ids = [a["id"] for a in answers]
-    assert len(ids) == len(set(ids)), "an answer was asked for twice"
-    stats = json.loads((ci_run / "results" / "ci" / "synth" / "stats.json").read_text())
-    assert stats["samples_ok"] == stats["prompts"] == len(ids)
-    manifest = json.loads(
-        (
-            ci_run / "results" / "ci" / "synth" / "parts" / f"part_{cancelled['part']}.json"
-        ).read_text()
-    )
-    # the resubmitted job found what the cancelled one had journaled, and asked for the rest
-    assert manifest["this_run"]["reused"] >= cancelled["journaled_before_cancel"], manifest
-    assert manifest["this_run"]["reused"] + manifest["this_run"]["answered"] == manifest["prompts"]
+def test_training_spans_two_nodes_as_two_processes(slurm_run, slurm):
+    """The train job's allocation holds two nodes, and the trainer ran as one process on each
+    (torchrun's world size, recorded by the training process itself)."""
+    run = slurm_run / "results" / "ci"
+    train = json.loads((run / "drafter" / "eagle3" / "metrics.json").read_text())
+    assert [a["world_size"] for a in train["attempts"]] == [ON_SLURM["train"]["nodes"]] == [2]
+    assert len(train["epochs"]) == ON_SLURM["train"]["epochs"]
+    assert train["this_run"]["trained_steps"] > 0 and train["consistency"]["ok"]
+    (job,) = [j for j in slurm_jobs(slurm, slurm_run) if rule_of(j) == "train"]
+    assert int(job["NNodes"]) == 2
+    log = (run / "logs" / "train_eagle3.log").read_text(errors="replace")
+    assert "srun" in log and "--nnodes=2" in log
 
 
-def test_the_same_command_again_finishes_at_once_and_leaves_no_job(ci_run, slurm):
-    proc = ci_snakemake(ci_run, slurm=slurm, timeout=600)
+def test_the_same_command_again_finishes_at_once_and_leaves_no_job(slurm_run, slurm):
+    proc = ci_snakemake(slurm_run, slurm=slurm, configfiles=CONFIGS, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
     assert slurm.run("squeue", "--noheader").stdout.strip() == ""
 
 
-# Synth asked again under other generation settings (a journal of its own), one answer at a time
-# and longer answers: about three minutes of work on the CI machine's CPU, which a one-minute
-# time limit (Slurm stops a job 60-95 s after its start here: KillWait 5 s) cuts short.
-SLOW_SYNTH = {"synth": {"jobs": 1, "concurrency": 1, "max_tokens": 256}}
+# ---- synth stopped by its time limit, then cancelled (dag_runs.SharedRuns._synth_interrupted) --
 
 
-@pytest.fixture(scope="module")
-def timed_out(ci_run, slurm, tmp_path_factory) -> dict:
-    """A copy of the finished CI run whose synth job Slurm stops at a one-minute time limit
-    (no retry: --retries 0), then the same command with the profile's runtime."""
-    work = tmp_path_factory.mktemp("timeout") / "work"
-    shutil.copytree(ci_run, work, symlinks=True, ignore=shutil.ignore_patterns("model"))
-    slow = work / "slow_synth.yaml"
-    slow.write_text(yaml.safe_dump(SLOW_SYNTH))
-    journals = work / "results" / "ci" / "synth" / ".partial"
-    before = set(journals.rglob("journal*.jsonl"))
-    args = ("--until", "synth_gather")
-    cfgs = (CI_CONFIG, slow)
-    first = ci_snakemake(
-        work, *args, "--set-resources", "synth:runtime=1", "--retries", "0",
-        slurm=slurm, configfiles=cfgs, timeout=900,
-    )  # fmt: skip
-    new = sorted(set(journals.rglob("journal*.jsonl")) - before)
-    kept = [a for p in new for a in journaled_answers(work / "results" / "ci", p.name)]
-    jobs_first = slurm_jobs(slurm, work)
-    second = ci_snakemake(work, *args, slurm=slurm, configfiles=cfgs, timeout=1200)
-    return {
-        "work": work,
-        "first": first,
-        "second": second,
-        "new_journals": new,
-        "kept_at_timeout": kept,
-        "jobs_first": jobs_first,
-    }
-
-
-def test_a_synth_job_past_its_time_limit_says_what_it_kept(timed_out):
-    first = timed_out["first"]
-    out = first.stdout + first.stderr
-    assert first.returncode != 0, out[-3000:]
-    synth = [j for j in timed_out["jobs_first"] if rule_of(j) == "synth"]
+def test_a_synth_job_past_its_time_limit_says_what_it_kept(synth_interrupted, slurm):
+    first = synth_interrupted["first"]
+    assert first["rc"] != 0, first["out"][-3000:]
+    work = synth_interrupted["work"]
+    synth = [
+        j
+        for j in slurm_jobs(slurm, work)
+        if rule_of(j) == "synth" and j["JobIDRaw"] in synth_interrupted["jobs_first"]
+    ]
     assert [j["State"] for j in synth] == ["TIMEOUT"], synth
-    assert "TIMEOUT" in out  # the executor plugin's error names Slurm's state
-    kept = len(timed_out["kept_at_timeout"])
+    assert "TIMEOUT" in first["out"]  # the executor plugin's error names Slurm's state
+    kept = len(synth_interrupted["kept_at_timeout"])
     assert kept > 0, "the job was stopped before it answered anything: the limit proves nothing"
-    assert f"synth part 0 of 1: {kept:,} answers journaled" in out, out[-3000:]
-    assert "the same command resumes from it" in out
+    assert f"synth part 0 of 1: {kept:,} answers journaled" in first["out"], first["out"][-3000:]
+    assert "the same command resumes from it" in first["out"]
 
 
-def test_the_same_command_after_a_timeout_asks_only_for_the_rest(timed_out, slurm):
-    second, work = timed_out["second"], timed_out["work"]
-    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
-    (journal,) = timed_out["new_journals"]
-    answers = journaled_answers(work / "results" / "ci", journal.name)
-    ids = [a["id"] for a in answers]
+def test_after_a_timeout_a_cancelled_and_resubmitted_job_asks_only_for_the_rest(
+    synth_interrupted, slurm
+):
+    """The run again after the timeout (four requests at a time: an operational key, the same
+    answers): its synth job is cancelled with scancel once it has journaled answers of its
+    own, the profile resubmits it, and the resubmitted job answers only what neither stopped
+    job had journaled; no answer is asked twice."""
+    second, work = synth_interrupted["second"], synth_interrupted["work"]
+    assert second["rc"] == 0, second["out"][-3000:]
+    cancelled = synth_interrupted["cancelled"]
+    states = {j["JobIDRaw"]: j["State"] for j in slurm_jobs(slurm, work)}
+    assert states[cancelled["job_id"]].startswith("CANCELLED"), states
+    run = work / "results" / "ci"
+    ids = [a["id"] for a in synth_interrupted["answers"]]
     assert len(ids) == len(set(ids)), "an answer was asked for twice"
-    manifest = json.loads((work / "results" / "ci" / "synth" / "parts" / "part_0.json").read_text())
-    assert manifest["this_run"]["reused"] >= len(timed_out["kept_at_timeout"]), manifest
+    manifest = json.loads((run / "synth" / "parts" / "part_0.json").read_text())
+    # the resubmitted job found what the cancelled one had journaled, and asked for the rest
+    assert manifest["this_run"]["reused"] >= cancelled["journaled_before_cancel"], manifest
+    assert cancelled["journaled_before_cancel"] > len(synth_interrupted["kept_at_timeout"])
     assert manifest["this_run"]["reused"] + manifest["this_run"]["answered"] == manifest["prompts"]
-    stats = json.loads((work / "results" / "ci" / "synth" / "stats.json").read_text())
-    assert stats["samples_ok"] == len(ids)
+    stats = json.loads((run / "synth" / "stats.json").read_text())
+    assert stats["samples_ok"] == len(ids) == manifest["prompts"]
     assert slurm.run("squeue", "--noheader").stdout.strip() == ""

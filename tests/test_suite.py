@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,3 +74,52 @@ def test_ci_stops_at_its_wall_limit_and_says_so(tmp_path):
     (tmp_path / ".venv" / "bin" / "pytest").write_text("#!/bin/sh\nexit 3\n")
     failed = ci("10s")
     assert failed.returncode == 3 and "wall limit" not in failed.stderr
+
+
+def test_ci_runs_the_readmes_test_command_and_keeps_every_tests_duration(tmp_path):
+    """The README's test command runs every tier (plain `pytest` runs the quick one), and
+    .ci/run is that command with the durations kept: a stand-in pytest that writes a JUnit
+    file leaves a durations page beside it."""
+    readme = (REPO / "README.md").read_text()
+    assert "    scripts/setup.sh && .venv/bin/pytest --full " in readme
+    ci_run = (REPO / ".ci" / "run").read_text()
+    assert "scripts/setup.sh\n" in ci_run and " .venv/bin/pytest --full --durations=0 " in ci_run
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(REPO / ".ci" / "run", tmp_path / ".ci" / "run")
+    (tmp_path / "tests").mkdir()
+    shutil.copy(REPO / "tests" / "durations.py", tmp_path / "tests" / "durations.py")
+    junit = (
+        '<testsuites><testsuite name="pytest" time="12.5" timestamp="2026-01-01T00:00:00">'
+        '<testcase classname="tests.test_a" name="test_one" time="10.0"/>'
+        '<testcase classname="tests.test_a" name="test_two" time="0.5"><failure/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    # the stand-in pytest writes the JUnit file where --junitxml says, and names one of the
+    # two tests as the quick tier when asked to collect
+    pytest_stand_in = (
+        'case "$*" in *--collect-only*) echo tests/test_a.py::test_one; exit 0;; esac\n'
+        'for a in "$@"; do case "$a" in --junitxml=*) '
+        f"echo '{junit}' > \"${{a#--junitxml=}}\";; esac; done"
+    )
+    for script, body in (
+        ("scripts/setup.sh", "exit 0"),
+        (".venv/bin/pytest", pytest_stand_in),
+        (".venv/bin/python", f'exec {sys.executable} "$@"'),
+    ):
+        path = tmp_path / script
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "CI_OUT": str(tmp_path / "out")}
+    proc = subprocess.run(
+        ["bash", str(tmp_path / ".ci" / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "out" / "durations.md").read_text()
+    assert "- command: `.ci/run `" in page and "2 tests: 1 failure, 1 passed" in page
+    assert "| 10.0 | Q | tests/test_a.py::test_one |" in page
+    assert "| tests/test_a.py | 2 | 10.5 | 100.0% |" in page

@@ -128,6 +128,7 @@ def test_template_check_catches_wrapping_bugs(tmp_path, target_json, vllm_server
         assert reasoning.check_record(tokenizer, split, {})["kind"] == "tokenization"
 
 
+@pytest.mark.slow  # more than the quick tier has room for
 def test_rejected_rows_are_counted_not_fatal(tmp_path, target_json, vllm_server):
     cfg = synth_cfg(vllm_server.base_url, max_failed_fraction=0.5)
     rows = [
@@ -146,6 +147,7 @@ def test_rejected_rows_are_counted_not_fatal(tmp_path, target_json, vllm_server)
     assert len(journaled(tmp_path)) == 4
 
 
+@pytest.mark.slow  # more than the quick tier has room for
 def test_changed_params_invalidate_partial_work(tmp_path, target_json, vllm_server):
     prompts = write_prompts(tmp_path / "p.jsonl.zst", 3)
     run_synth(tmp_path, target_json, synth_cfg(vllm_server.base_url), prompts)
@@ -157,6 +159,7 @@ def test_changed_params_invalidate_partial_work(tmp_path, target_json, vllm_serv
     assert stats["this_run"]["answered"] == 3  # new params: answered again
 
 
+@pytest.mark.slow  # more than the quick tier has room for
 def test_edited_pool_answers_only_new_and_changed_prompts(tmp_path, target_json, vllm_server):
     cfg = synth_cfg(vllm_server.base_url)
     prompts = write_prompts(tmp_path / "p.jsonl.zst", 6)
@@ -244,6 +247,7 @@ def test_kill9_then_resume_has_no_duplicates_and_no_losses(tmp_path, target_json
     )
 
 
+@pytest.mark.slow  # the job's own server
 def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm_server):
     """Kill the job's own server mid-run: clear error with its log tail, work kept, resume."""
     n = 30
@@ -274,6 +278,7 @@ def test_managed_server_death_is_clear_and_resumable(tmp_path, target_json, vllm
     assert stats["samples_ok"] == n and stats["this_run"]["answered"] <= n - kept
 
 
+@pytest.mark.slow  # the job's own server
 def test_sigterm_stops_the_managed_server(tmp_path, target_json):
     """Snakemake and Slurm cancel jobs with SIGTERM: the server must go down with the job."""
     cfg = synth_cfg(None, max_tokens=8)

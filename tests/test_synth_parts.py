@@ -284,6 +284,7 @@ def test_a_failed_part_costs_only_its_own_prompts(tmp_path, target_json, vllm_se
 
 
 @pytest.mark.server
+@pytest.mark.slow  # more than the quick tier has room for
 def test_requests_spread_over_several_servers(tmp_path, vllm_server, monkeypatch):
     """A part with several servers (synth.servers_per_gpu) keeps every one busy: here two
     endpoints of the one test server, told apart by object."""

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_extract import TOPICS, dataset  # noqa: F401  (module fixture: 12 greedy answers)
 
 from eagle3_pipeline import extract, server
 from eagle3_pipeline.hidden_states import shards
@@ -30,13 +29,13 @@ from eagle3_pipeline.target.stage import load_info
 from eagle3_pipeline.train import launcher, stage
 
 from conftest import default_config
+from extraction_fixtures import SAMPLES_PER_SHARD, TOPICS
 from train_fixtures import EPOCHS, _records, run_kwargs
 
 KV_BLOCKS = 8  # of 128 tokens, fewer than the rows: a block leaked per request stalls the run
-SAMPLES_PER_SHARD = 4
 
 
-def extract_at(tp: int, root: Path, target_json, dataset):  # noqa: F811
+def extract_at(tp: int, root: Path, target_json, dataset):
     """The extract stage's part 0 of 1 at tensor-parallel size ``tp``. The config allows only
     size 1 on the CPU (the pipeline runs TP on GPUs), so the size is set after validation."""
     cfg = default_config(
@@ -68,10 +67,14 @@ def extract_at(tp: int, root: Path, target_json, dataset):  # noqa: F811
 
 
 @pytest.mark.server
-def test_tensor_parallel_extraction_equals_tp1(tmp_path, target_json, dataset):  # noqa: F811
-    m1 = extract_at(1, tmp_path / "tp1", target_json, dataset)
-    m3 = extract_at(3, tmp_path / "tp3", target_json, dataset)
+@pytest.mark.slow
+def test_tensor_parallel_extraction_equals_tp1(tmp_path, target_json, greedy_dataset, extracted):
+    """TP=3 against the session's extraction of the same rows at TP=1 (the extract tests'
+    one: the stored samples depend on neither the KV cache's size nor the context length)."""
+    m1, tp1 = extracted["manifest"], extracted["root"]
+    m3 = extract_at(3, tmp_path / "tp3", target_json, greedy_dataset)
     assert "world_size=3" in (tmp_path / "tp3" / "server.log").read_text(errors="replace")
+    assert m1["layer_ids"] == m3["layer_ids"]
     for m in (m1, m3):
         assert m["num_samples"] == len(TOPICS)
         assert m["verification"]["next_token_agreement"] >= 0.99
@@ -79,7 +82,7 @@ def test_tensor_parallel_extraction_equals_tp1(tmp_path, target_json, dataset): 
     probe = NextTokenProbe(info["model_path"], info["architecture"], "cpu")
     same_argmax = positions = 0
     for i in range(len(TOPICS)):
-        a = load_file(shards.sample_path(tmp_path / "tp1", i, SAMPLES_PER_SHARD))
+        a = load_file(shards.sample_path(tp1, i, SAMPLES_PER_SHARD))
         b = load_file(shards.sample_path(tmp_path / "tp3", i, SAMPLES_PER_SHARD))
         assert torch.equal(a["token_ids"], b["token_ids"])
         ha, hb = a["hidden_states"].float(), b["hidden_states"].float()
