@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..target.chat import render_text
 
 # Private-use characters around a name: no chat template or prompt text contains them.
-SENTINEL = "\ue000eagle3-user-turn\ue001"
+SENTINEL = "\ue000pipeline-user-turn\ue001"
 
 
 class TemplateError(ValueError):
