@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from eagle3_pipeline.miniature import teacher
 
 
