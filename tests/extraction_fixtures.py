@@ -50,20 +50,15 @@ def run_part(root: Path, target_json, dataset, cfg, part=0, jobs=1, **kw) -> dic
     )
 
 
-@pytest.fixture(scope="session")
-def greedy_dataset(tmp_path_factory, target_json, vllm_server) -> Path:
-    """Prepare's rows of the target's greedy answers to one question on each of TOPICS."""
+def greedy_answers_prepared(tmp: Path, rows: list[dict], target_json, vllm_server) -> Path:
+    """``tmp``/dataset: prepare's rows of the target's greedy answers (40 tokens at most,
+    through the shared server) to ``rows``."""
     from eagle3_pipeline.prepare import stage as prepare
     from eagle3_pipeline.runtime.files import write_jsonl_zst
     from eagle3_pipeline.synth import stage as synth
 
     from conftest import default_config
 
-    tmp = tmp_path_factory.mktemp("extract-data")
-    rows = [
-        {"id": f"x:{i}", "messages": [{"role": "user", "content": f"Tell me about {t}."}]}
-        for i, t in enumerate(TOPICS)
-    ]
     write_jsonl_zst(tmp / "prompts.jsonl.zst", rows)
     cfg = default_config(
         synth={"endpoint": vllm_server.base_url, "max_tokens": 40, "concurrency": 6}
@@ -81,6 +76,18 @@ def greedy_dataset(tmp_path_factory, target_json, vllm_server) -> Path:
         tmp / "synth.jsonl.zst", tmp / "dataset", tmp / "prepare.json", seq_length=512, seed=0
     )
     return tmp / "dataset"
+
+
+@pytest.fixture(scope="session")
+def greedy_dataset(tmp_path_factory, target_json, vllm_server) -> Path:
+    """Prepare's rows of the target's greedy answers to one question on each of TOPICS."""
+    rows = [
+        {"id": f"x:{i}", "messages": [{"role": "user", "content": f"Tell me about {t}."}]}
+        for i, t in enumerate(TOPICS)
+    ]
+    return greedy_answers_prepared(
+        tmp_path_factory.mktemp("extract-data"), rows, target_json, vllm_server
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,13 +26,12 @@ from eagle3_pipeline.hidden_states import shards
 from eagle3_pipeline.hidden_states.disk import sample_bytes
 from eagle3_pipeline.online import servers as online_servers
 from eagle3_pipeline.online import spec as online_spec
-from eagle3_pipeline.prepare import stage as prepare
-from eagle3_pipeline.runtime.files import read_json, write_jsonl_zst
-from eagle3_pipeline.synth import stage as synth
+from eagle3_pipeline.runtime.files import read_json
 from eagle3_pipeline.train import TrainError, checkpoints
 from eagle3_pipeline.vocab import stage as vocab
 
 from conftest import CACHE, default_config
+from extraction_fixtures import greedy_answers_prepared
 from train_fixtures import TRAIN_CFG, _records
 
 # every test trains, beside extraction servers of its own or one started for the module
@@ -54,22 +53,7 @@ def data(tmp_path_factory, target_json, vllm_server):
         {"id": f"o:{i}", "messages": [{"role": "user", "content": ask.format(t)}]}
         for i, (ask, t) in enumerate((a, t) for a in ASKS for t in TOPICS)
     ]
-    write_jsonl_zst(tmp / "prompts.jsonl.zst", rows)
-    cfg = default_config(
-        synth={"endpoint": vllm_server.base_url, "max_tokens": 40, "concurrency": 6}
-    )
-    synth.run(
-        target_json,
-        tmp / "prompts.jsonl.zst",
-        tmp / "synth.jsonl.zst",
-        tmp / "synth.json",
-        cfg["synth"],
-        cfg["vllm"],
-        tmp / ".partial",
-    )
-    prepare.build_dataset(
-        tmp / "synth.jsonl.zst", tmp / "dataset", tmp / "prepare.json", seq_length=512, seed=0
-    )
+    greedy_answers_prepared(tmp, rows, target_json, vllm_server)
     v = tmp / "vocab"
     vocab.build(
         tmp / "dataset",

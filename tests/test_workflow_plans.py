@@ -76,16 +76,23 @@ def test_a_throughput_measurement_runs_alone(tmp_path, device):
 # ---- GPU scheduling ------------------------------------------------------------------------
 
 
-def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
-    jobs = plan(
+def plan_tp8(workdir, *config: str):
+    """The default config on GPUs at tensor parallelism 8 (``CUDA_TP8``) and ``config``
+    planned with 8 GPUs."""
+    return plan(
         "--configfile",
         DEFAULT_CONFIG,
         "--resources",
         "gpus=8",
         "--config",
         CUDA_TP8,
-        workdir=tmp_path,
+        *config,
+        workdir=workdir,
     )
+
+
+def test_cuda_config_asks_tensor_parallel_gpus(tmp_path):
+    jobs = plan_tp8(tmp_path)
     gpus = {j.rule: j.gpus for j in jobs}
     assert gpus == {
         "target": 0,
@@ -312,16 +319,7 @@ def test_slurm_profile_on_the_cpu_default_asks_no_gpus(tmp_path):
 def test_synth_jobs_are_parts_of_the_prompts_and_one_gather(tmp_path):
     """synth.jobs: 3 is three synth jobs, each holding the tensor-parallel GPUs of its own
     server, and one gather on no GPU that everything downstream reads."""
-    jobs = plan(
-        "--configfile",
-        DEFAULT_CONFIG,
-        "--resources",
-        "gpus=8",
-        "--config",
-        CUDA_TP8,
-        "synth={jobs: 3}",
-        workdir=tmp_path,
-    )
+    jobs = plan_tp8(tmp_path, "synth={jobs: 3}")
     gpus = {job_names([j])[0]: j.gpus for j in jobs if j.rule != "all"}
     assert sorted(n for n in gpus if n.startswith("synth")) == [
         "synth[part=0]",

@@ -123,24 +123,29 @@ class ShardedTransfer(HiddenStatesTransfer):
         )
 
 
-class ShardedBackend(HiddenStatesBackend):
-    """``--hidden-states-backend eagle3-pipeline-shards --hidden-states-path <root>``:
-    ``<root>`` holds ``manifest.json`` (samples_per_shard, storage) and ``shards/``."""
+class PathBackend(HiddenStatesBackend):
+    """A backend of the pipeline's, read from ``--hidden-states-path`` (:attr:`path_help`); its
+    launch side is the pipeline's own (the extract stage, or the train stage's servers)."""
 
-    @staticmethod
-    def add_train_args(parser) -> None:
-        # Same dest as the stock file/fp8 backends (speculators de-duplicates by dest).
+    path_help = ""
+
+    @classmethod
+    def add_train_args(cls, parser) -> None:
+        # the dest the stock file/fp8 backends share (speculators de-duplicates by dest)
         _add_argument_if_absent(
-            parser,
-            "--hidden-states-path",
-            type=str,
-            default=None,
-            help="hidden-states root holding manifest.json and shards/",
+            parser, "--hidden-states-path", type=str, default=None, help=cls.path_help
         )
 
     @staticmethod
-    def add_launch_args(parser) -> None:  # extraction is the pipeline's extract stage
+    def add_launch_args(parser) -> None:
         _add_argument_if_absent(parser, "--hidden-states-path", type=str, default=None)
+
+
+class ShardedBackend(PathBackend):
+    """``--hidden-states-backend eagle3-pipeline-shards --hidden-states-path <root>``:
+    ``<root>`` holds ``manifest.json`` (samples_per_shard, storage) and ``shards/``."""
+
+    path_help = "hidden-states root holding manifest.json and shards/"
 
     @staticmethod
     def from_train_args(args, data_path: str) -> ShardedTransfer:
@@ -163,13 +168,19 @@ class ShardedBackend(HiddenStatesBackend):
         raise NotImplementedError("the pipeline's extract stage configures vLLM itself")
 
 
+def register_backend(name: str, backend: type[HiddenStatesBackend]) -> type[HiddenStatesBackend]:
+    """Register ``backend`` under ``name`` with speculators' hidden-states backends
+    (idempotent: a name registered to another class is taken over)."""
+    registry = HiddenStatesBackend.registry
+    if registry.get(name) is not backend:
+        registry.pop(name, None)
+        HiddenStatesBackend.register(name)(backend)
+    return backend
+
+
 def register() -> type[HiddenStatesBackend]:
     """Register :class:`ShardedBackend` under :data:`BACKEND_NAME` (idempotent)."""
-    registry = HiddenStatesBackend.registry
-    if registry.get(BACKEND_NAME) is not ShardedBackend:
-        registry.pop(BACKEND_NAME, None)
-        HiddenStatesBackend.register(BACKEND_NAME)(ShardedBackend)
-    return ShardedBackend
+    return register_backend(BACKEND_NAME, ShardedBackend)
 
 
 register()

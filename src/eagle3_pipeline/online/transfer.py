@@ -40,14 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
-from hs_connectors.transfer import _add_argument_if_absent
 
 from ..extract.capture import ExtractError
 from ..extract.client import request_hidden_states
 from ..extract.validator import check_staged
 from ..hidden_states import mooncake, shards
 from ..hidden_states.checks import NextTokenProbe, VerificationError
-from ..hidden_states.dataset import layer_columns, training_sample
+from ..hidden_states.dataset import PathBackend, layer_columns, register_backend, training_sample
 from ..runtime.files import AppendLog, atomic_path
 from ..runtime.results import ONLINE_SPEC, read_result
 from ..server import client as client_lib
@@ -252,24 +251,11 @@ class OnlineTransfer(HiddenStatesTransfer):
             )
 
 
-class OnlineBackend(HiddenStatesBackend):
+class OnlineBackend(PathBackend):
     """``--hidden-states-backend eagle3-pipeline-online --hidden-states-path <dir>``: ``<dir>``
     holds :data:`SPEC_FILE`, written by the train stage before each launch."""
 
-    @staticmethod
-    def add_train_args(parser) -> None:
-        # the dest the file, fp8 and shards backends share (speculators de-duplicates by dest)
-        _add_argument_if_absent(
-            parser,
-            "--hidden-states-path",
-            type=str,
-            default=None,
-            help="directory of the online spec (online.json)",
-        )
-
-    @staticmethod
-    def add_launch_args(parser) -> None:  # the train stage starts the servers
-        _add_argument_if_absent(parser, "--hidden-states-path", type=str, default=None)
+    path_help = "directory of the online spec (online.json)"
 
     @staticmethod
     def from_train_args(args, data_path: str) -> OnlineTransfer:
@@ -290,11 +276,7 @@ class OnlineBackend(HiddenStatesBackend):
 
 def register() -> type[HiddenStatesBackend]:
     """Register :class:`OnlineBackend` under :data:`BACKEND_NAME` (idempotent)."""
-    registry = HiddenStatesBackend.registry
-    if registry.get(BACKEND_NAME) is not OnlineBackend:
-        registry.pop(BACKEND_NAME, None)
-        HiddenStatesBackend.register(BACKEND_NAME)(OnlineBackend)
-    return OnlineBackend
+    return register_backend(BACKEND_NAME, OnlineBackend)
 
 
 register()

@@ -64,6 +64,11 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
     already tracked for mutation"). ``loss_backward_kernel`` gets its own deep copies of the two
     lists; the math is unchanged. The upstream lines of all six: docs/dependencies.md.
 
+    On any device, speculators resolves the draft's mask token from the target's
+    ``AutoProcessor``, of which it reads the tokenizer alone; a multimodal target's processor
+    (Kimi-K2.5's ``kimi_k25``) also wants its image processor, which needs torchvision. Where the
+    processor cannot be built, the tokenizer stands in for it (:func:`_bridge_text_processor`).
+
     Returns the names of the bridges applied (recorded in the ``start`` record).
     """
     import copy
@@ -114,7 +119,34 @@ def apply_bridges(accelerator: bool | None = None) -> list[str]:
             if hasattr(kernel, "keys"):
                 kernel.keys = copy.deepcopy(kernel.keys)
             applied.append("fused_loss.backward_autotune_lists->own_copies")
+    _bridge_text_processor()
+    applied.append("load_processor->tokenizer_if_no_processor")
     return applied
+
+
+def _bridge_text_processor() -> None:
+    """The target's tokenizer where its processor cannot be built (the mask token resolution,
+    ``speculators.train.utils.resolve_mask_token_id``, reads only the tokenizer)."""
+    import speculators.train.utils as utils_mod
+
+    original = utils_mod.load_processor
+    if getattr(original, "_eagle3_text_fallback", False):
+        return
+
+    def load_processor(path, *, trust_remote_code: bool = False):
+        try:
+            return original(path, trust_remote_code=trust_remote_code)
+        except (ValueError, ImportError, OSError) as err:
+            from transformers import AutoTokenizer
+
+            log.info("the target's processor cannot be built (%s): its tokenizer instead", err)
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            return tokenizer
+
+    load_processor._eagle3_text_fallback = True
+    utils_mod.load_processor = load_processor
 
 
 def _bridge_distributed_setup() -> None:
