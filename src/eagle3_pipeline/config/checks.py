@@ -89,6 +89,11 @@ def check_semantics(cfg: dict) -> list[str]:
             if wrong:
                 problems.append(f"config key `{where}.{wrong[0]}`: {wrong[1]}")
             problems.extend(self_written_problems(where, split, src))
+            if src.get("trained_on") and split != "bench":
+                problems.append(
+                    f"config key `{where}.trained_on`: only for prompts.bench sets (a set meant "
+                    "to be in the training pool)"
+                )
             if src["source"] == "file" and not src.get("path"):
                 continue
             name = source_name(src)

@@ -42,8 +42,11 @@ def _lookup(cfg: dict, key: str) -> Any:
 
 def decontamination_sources(cfg: dict) -> list[dict]:
     """The sources the training pool is decontaminated against: each prompts.bench set's
-    source (its kind and file), once, without what only samples a set (n, name, turns)."""
-    found = {(s["source"], s.get("path")) for s in cfg["prompts"]["bench"]}
+    source (its kind and file), once, without what only samples a set (n, name, turns); not
+    a set marked ``trained_on`` (meant to be in the pool)."""
+    found = {
+        (s["source"], s.get("path")) for s in cfg["prompts"]["bench"] if not s.get("trained_on")
+    }
     return [{"source": k, "path": p} for k, p in sorted(found, key=lambda kp: (kp[0], kp[1] or ""))]
 
 
