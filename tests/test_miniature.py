@@ -350,8 +350,9 @@ def test_the_miniature_thinks_on_vllm_cpu(quantize, tmp_path):
     prompts = training_like_prompts()
     log, vllm_cache = tmp_path / "server.log", CACHE / "vllm"
     if quantize == "w4a16" and not serving.cpu_has_amx():
-        with pytest.raises(RuntimeError, match=serving.NO_WNA16_BACKEND):
+        with pytest.raises(RuntimeError):
             check.serve_and_ask(model, prompts[:1], log, vllm_cache)
+        assert serving.NO_WNA16_BACKEND in log.read_text()  # the engine's own refusal
         return
     responses, _ = check.serve_and_ask(model, prompts, log, vllm_cache)
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -373,7 +374,8 @@ def test_the_miniature_thinks_on_vllm_cpu(quantize, tmp_path):
         message = r["choices"][0]["message"]
         reasoning = message.get("reasoning") or message.get("reasoning_content")
         assert reasoning and reasoning.strip(), message
-        assert message.get("content") and message["content"].strip(), message
+        if r["choices"][0]["finish_reason"] == "stop":  # the turn ended: after its reasoning
+            assert message.get("content") and message["content"].strip(), message
     assert figures["think_end_fraction"] >= 0.75, figures
     assert figures["distinct_answers"] == len(prompts), figures
     assert figures["mean_distinct"] >= 0.3 and figures["mean_top_share"] <= 0.3, figures

@@ -139,8 +139,9 @@ INFRASTRUCTURE_MODULES = sorted(m for m in library_modules() if role(m) == INFRA
 # below holds it to.
 SIZING_ONLY = {"plan.model_shape", "plan"}
 # What the plan may take from the engine: readers of a flag the user set (the memory share a
-# server may use), which size a plan and configure nothing.
-SERVER_FLAG_READERS = {"memory_utilization"}
+# server may use), which size a plan and configure nothing, and the target-class decisions it
+# shows and refuses by (engine.target_class: the servers take them through engine.spec).
+SERVER_FLAG_READERS = {"memory_utilization", "target_class"}
 
 
 @pytest.mark.parametrize("module", sorted(SIZING_ONLY))

@@ -369,6 +369,9 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
     assert logic_modules(REPO / "workflow_scripts" / "target.py") == ("target", "target.stage")
     assert logic_modules(REPO / "workflow_scripts" / "prompts.py") == (
         "prompts",
+        "prompts.decontam",
+        "prompts.dedup",
+        "prompts.pool",
         "prompts.rows",
         "prompts.selection",
         "prompts.sources",
