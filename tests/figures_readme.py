@@ -122,7 +122,7 @@ README = [
     ),
     c(
         "reruns/rerun_costs.log",
-        "a new benchmark set: {f.match('add a benchmark prompt set [(]a file[)]: ([0-9]+) s')} s "
-        "and 2 server starts",
+        "a removed benchmark set: {f.match('remove a benchmark prompt set: ([0-9]+) s')} s, no "
+        "server",
     ),
 ]

@@ -98,8 +98,10 @@ def test_add_a_benchmark_set(copy, tmp_path):
         },
         "bench": {"prompt_sets": CI["bench"]["prompt_sets"] + ["extra"]},
     }
+    # the training pool is decontaminated against every benchmark source (prompts.pool): a new
+    # source is checked against it, and what follows the pool plans again
     assert with_config(tmp_path, repo, work, change) == sorted(
-        ["prompts_bench[name=extra]", *BASELINE, BENCH, "report"]
+        ["prompts_bench[name=extra]", "prompts_train", *EVERYTHING_AFTER_PROMPTS]
     )
 
 
@@ -154,7 +156,11 @@ def test_edit_a_benchmark_prompt_file(copy):
     path = work / "data" / "ci_bench.jsonl"
     with edited(path, path.read_text().replace("five prime", "six prime")):
         jobs = planned(repo, work)
-    assert jobs == sorted(["prompts_bench[name=mybench]", *BASELINE, BENCH, "report"])
+    # an edited benchmark file may now overlap the training pool, which is decontaminated
+    # against it (as a new set is, above)
+    assert jobs == sorted(
+        ["prompts_bench[name=mybench]", "prompts_train", *EVERYTHING_AFTER_PROMPTS]
+    )
 
 
 def test_operational_keys(copy, tmp_path):
