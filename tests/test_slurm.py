@@ -119,7 +119,10 @@ def test_the_same_command_again_finishes_at_once_and_leaves_no_job(slurm_run, sl
     proc = ci_snakemake(slurm_run, slurm=slurm, configfiles=CONFIGS, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
-    assert slurm.run("squeue", "--noheader").stdout.strip() == ""
+    # none of this run's (other shared runs may have jobs on the cluster meanwhile: %Z is a
+    # job's working directory)
+    queued = slurm.run("squeue", "--noheader", "--format=%i %Z").stdout.splitlines()
+    assert [q for q in queued if q.split(" ", 1)[-1].strip() == str(slurm_run)] == [], queued
 
 
 # ---- synth stopped by its time limit, then cancelled (dag_runs.SharedRuns._synth_interrupted) --
