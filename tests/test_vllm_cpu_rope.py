@@ -69,7 +69,8 @@ def test_vllm_cpu_rope_kernel_scrambles_mla_views(rope):
     assert rel(k_rows.view(k_pe.shape), want_k) < 0.01
 
 
-def test_the_plugin_rotates_mla_views_in_place(rope):
+@pytest.mark.parametrize("tokens", [TOKENS, 1])  # a prefill, a decode step
+def test_the_plugin_rotates_mla_views_in_place(rope, tokens):
     """After register(), the rope step of vLLM's MLA (``q[..., nope:], k_pe =
     rotary_emb(positions, q[..., nope:], k_pe)``) gives what vLLM's own torch implementation
     gives, and writes nothing outside the two views."""
@@ -79,8 +80,8 @@ def test_the_plugin_rotates_mla_views_in_place(rope):
 
     cpu_fixes.register()
     assert getattr(RotaryEmbedding.forward_cpu, cpu_fixes.PATCHED, False)
-    positions = torch.arange(TOKENS)
-    q, fused, q_pe, k_pe = mla_views()
+    positions = torch.arange(TOKENS)[-tokens:]
+    q, fused, q_pe, k_pe = (t[-tokens:] for t in mla_views())
     q_before, fused_before = q.clone(), fused.clone()
     want_q, want_k = rope.forward_native(positions, q_pe.clone(), k_pe.clone())
     q[..., NOPE:], k_pe = rope.forward_cpu(positions, q[..., NOPE:], k_pe)
@@ -89,8 +90,8 @@ def test_the_plugin_rotates_mla_views_in_place(rope):
     assert torch.equal(fused[:, : Q_LORA + KV_LORA], fused_before[:, : Q_LORA + KV_LORA])
     assert rel(fused[:, Q_LORA + KV_LORA :], want_k[:, 0]) < 0.01  # in place, as vLLM expects
     # 2-D query and key (Llama-family attention) still go to the kernel as they are
-    q2 = q_before[..., NOPE:].reshape(TOKENS, -1).contiguous()
-    k2 = torch.randn(TOKENS, ROPE).bfloat16()
+    q2 = q_before[..., NOPE:].reshape(tokens, -1).contiguous()
+    k2 = torch.randn(tokens, ROPE).bfloat16()
     want_q2, want_k2 = rope.forward_native(positions, q2.clone(), k2.clone())
     out_q2, out_k2 = rope.forward_cpu(positions, q2, k2)
     assert out_q2 is q2 and out_k2 is k2 and rel(q2, want_q2) < 0.01 and rel(k2, want_k2) < 0.01

@@ -123,11 +123,17 @@ def rotary_on_rows(original):
     the rotated values are written back into the caller's view."""
     import functools
 
+    from torch import contiguous_format as contiguous
+
     @functools.wraps(original)
     def forward_cpu(self, positions, query, key=None):
         if query.dim() == 2 and (key is None or key.dim() == 2):
             return original(self, positions, query, key)
-        rows = [t if t is None else t.reshape(t.shape[0], -1).contiguous() for t in (query, key)]
+        # a copy always: a reshape can be a view of the caller's memory (one token's k_pe)
+        rows = [
+            t if t is None else t.reshape(t.shape[0], -1).clone(memory_format=contiguous)
+            for t in (query, key)
+        ]
         original(self, positions, *rows)
         for view, done in zip((query, key), rows, strict=True):
             if view is not None:
