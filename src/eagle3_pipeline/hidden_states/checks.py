@@ -316,17 +316,10 @@ def model_fits(model_dir: str | Path, fraction_of_ram: float = 0.4) -> bool:
     return weights * dtype_factor < fraction_of_ram * ram
 
 
-def reference_errors(
-    model_dir: str | Path,
-    samples: list[tuple[list[int], Any]],
-    layer_ids: list[int],
-    trust_remote_code: bool = False,
-) -> dict[str, Any]:
-    """Max relative error (Frobenius over each row) per layer between extracted and reference
-    hidden states. ``samples`` are (input_ids, hidden [seq, layers, hidden]).
-
-    The reference runs in float32, on the GPUs when the job has them (the extraction server
-    has stopped by then; transformers spreads the layers over them), else on the CPU."""
+def reference_model(model_dir: str | Path, trust_remote_code: bool = False):
+    """The float32 transformers model the reference check runs: on the GPUs when the job has
+    them (transformers spreads the layers over them), else on the CPU; a multimodal wrapper's
+    language model alone."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -338,7 +331,20 @@ def reference_errors(
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
         )
-    model.eval()
+    return model.eval()
+
+
+def reference_errors(
+    model_dir: str | Path,
+    samples: list[tuple[list[int], Any]],
+    layer_ids: list[int],
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Max relative error (Frobenius over each row) per layer between extracted and reference
+    hidden states. ``samples`` are (input_ids, hidden [seq, layers, hidden]).
+
+    The reference (:func:`reference_model`) runs once the extraction server has stopped."""
+    model = reference_model(model_dir, trust_remote_code)
     per_layer = {str(layer): 0.0 for layer in layer_ids}
     for ids, hidden in samples:
         refs = reference_hidden_states(model, ids, layer_ids)
