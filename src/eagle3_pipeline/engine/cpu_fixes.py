@@ -31,10 +31,11 @@ apart). DeepSeek-V2/V3's MLA hands it 3-D views instead: the rope part of q, [to
 kernel then takes one head for one token, rotates the first ``tokens`` rows of 64 values with
 positions 0, 1, 2 ... wherever they lie and leaves the rest unrotated: every DeepSeek-V3-class
 target with plain RoPE (``rope_type: default``) is served with scrambled positions on the CPU
-(aux hidden states 0.2-0.3 from transformers' forward where bf16 gives 0.05). YaRN
+(the miniature's aux hidden states 0.23-0.28 from transformers' float32 forward, 0.013-0.043
+with the fix, docs/miniature.md). YaRN
 targets (Kimi-K2.5 itself) take another class with no CPU kernel and are right.
 :func:`rotary_on_rows` gives the kernel each 3-D view as contiguous rows and writes the result
-back in place. ``tests/test_vllm_cpu_sampling.py`` holds the kernel as it is, and this one.
+back in place. ``tests/test_vllm_cpu_rope.py`` holds the kernel as it is, and this one.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ LOG_LINE = "eagle3_pipeline: vllm-cpu's expand kernel replaced (speculative samp
 BLOCK_LOG_LINE = "eagle3_pipeline: vllm-cpu's attention takes 16-token KV blocks (MLA targets)"
 MLA_BLOCK_SIZE = 16
 ROPE_LOG_LINE = "eagle3_pipeline: vllm-cpu's RoPE kernel given contiguous rows (MLA targets)"
+# Set to 1 to serve with vllm-cpu's RoPE as it is: what benchmarks/mla_extraction_check.py
+# --unfixed-rope measures the fix against.
+KEEP_ROPE_ENV = "EAGLE3_PIPELINE_KEEP_VLLM_ROPE"
 
 
 def expand_into(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
@@ -145,6 +149,11 @@ def rotary_on_rows(original):
 
 
 def _rope_on_rows(logger) -> None:
+    import os
+
+    if os.environ.get(KEEP_ROPE_ENV) == "1":
+        logger.warning("eagle3_pipeline: vllm-cpu's RoPE kept as it is (%s=1)", KEEP_ROPE_ENV)
+        return
     try:
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
     except ImportError as e:  # another vllm-cpu: never take a server down

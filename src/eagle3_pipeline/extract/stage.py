@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 # transformers forward of the target, and the largest relative error per layer that passes
 # (bf16 storage rounds to about 0.004; a sample of another model or layer is off by far more).
 REFERENCE_ROWS = 2
-MAX_REFERENCE_REL_ERROR = 0.05
 
 
 def run_part(
@@ -233,12 +232,13 @@ def enforce(v: dict, cfg: dict) -> None:
             "layers. Do not train on them."
         )
     ref = v["reference"] or {}
-    if ref.get("max_rel_error") is not None and ref["max_rel_error"] > MAX_REFERENCE_REL_ERROR:
+    limit = cfg["max_reference_rel_error"]
+    if ref.get("max_rel_error") is not None and ref["max_rel_error"] > limit:
         raise ExtractError(
             f"hidden states differ from a transformers forward by "
             f"{ref['max_rel_error']:.3g} (per layer: {ref['max_rel_error_per_layer']}) > "
-            f"{MAX_REFERENCE_REL_ERROR}: not the target's own (another model, a wrong dtype or "
-            "layers), or a forward that went wrong"
+            f"extract.max_reference_rel_error {limit}: not the target's own (another model, a "
+            "wrong dtype or layers), or a forward that went wrong"
         )
 
 
