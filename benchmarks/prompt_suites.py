@@ -13,9 +13,9 @@ prompts in the pool; and the seconds each step took (one run).
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
+
+from pool_cleaning import clean_pool
 
 from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
@@ -57,16 +57,7 @@ def main() -> None:
                     "seconds": round(time.monotonic() - t0, 1),
                 }
             )
-    section = {
-        **cfg["prompts"],
-        "train": [{"source": kind} for kind in suites.SUITES],
-        "heldout": 0,
-        "decontaminate_against": cfglib.decontamination_sources(cfg),
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.monotonic()
-        st = prompts.build_train(section, Path(tmp) / "t.jsonl.zst", Path(tmp) / "t.json")
-        seconds = time.monotonic() - t0
+    section, st, seconds = clean_pool(cfg, [{"source": kind} for kind in suites.SUITES])
     result = {
         "what": "the packaged evaluation suites as training prompts",
         "settings": {

