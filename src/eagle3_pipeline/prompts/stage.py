@@ -18,6 +18,7 @@ from .selection import (
     HELDOUT_SET,
     collect,
     fit_context,
+    licence_counts,
     new_counts,
     split_heldout,
 )
@@ -182,6 +183,10 @@ def build_train(
         train_rows = [row for part in rows_by_name.values() for row in part]
     for name, part in rows_by_name.items():
         stats[name]["in_pool"] = len(part)
+        if "licences" in stats[name]:  # an evaluation suite's, per licence of its tasks
+            for entry in stats[name]["licences"].values():
+                entry["in_pool"] = 0
+            licence_counts(stats[name]["source"], part, "in_pool", stats[name]["licences"])
     if held:
         heldout_stats = {
             **new_counts(),

@@ -1,4 +1,5 @@
-"""The report's "Training pool" section: per training source its licence and what the pool's
+"""The report's "Training pool" section: per training source its licence (per licence of its
+tasks for an evaluation suite, a non-commercial one marked) and what the pool's
 cleaning removed (benchmark prompts, repeats across sources, near-duplicates, prompts that
 contain a held-out one), a sample of the removed prompts, and for a source the target wrote
 (self_written) its filter counts and a sample of the turns it kept and removed."""
@@ -67,6 +68,26 @@ def _written_blocks(name: str, w: dict) -> list:
     return blocks
 
 
+def _licence_rows(train: dict) -> list[list[str]]:
+    """Per licence of an evaluation suite's tasks: its tasks (named when few), the prompts
+    sampled and in the pool, and a non-commercial licence said so."""
+    rows = []
+    for name, s in train.items():
+        for licence, e in (s.get("licences") or {}).items():
+            tasks = e["tasks"]
+            named = ", ".join(tasks) if len(tasks) <= SHOWN else f"{len(tasks)} tasks"
+            rows.append(
+                [
+                    name,
+                    ("NON-COMMERCIAL: " if e["noncommercial"] else "") + licence,
+                    named,
+                    fmt(e.get("sampled", 0)),
+                    fmt(e.get("in_pool")),
+                ]
+            )
+    return rows
+
+
 def pool_blocks(prompts: dict) -> list:
     """The section's blocks from ``prompts/train.stats.json`` (nothing for one written before
     the pool was cleaned)."""
@@ -98,7 +119,7 @@ def pool_blocks(prompts: dict) -> list:
             [
                 [
                     name,
-                    s.get("licence") or "–",
+                    "by task, below" if s.get("licences") else s.get("licence") or "–",
                     fmt(s.get("sampled")),
                     fmt(s["decontaminated"]) if s["decontaminated"] else "0",
                     fmt(s["duplicates_across_sources"]),
@@ -110,6 +131,9 @@ def pool_blocks(prompts: dict) -> list:
             ],
         ),
     ]
+    licences = _licence_rows(train)
+    if licences:
+        blocks.append(("table", ["source", "licence", "tasks", "sampled", "in the pool"], licences))
     removed = _removed_rows(train)
     if removed:
         blocks.append(("table", ["source", "removed as", "prompt", "why"], removed))
