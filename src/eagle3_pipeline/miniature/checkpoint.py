@@ -149,6 +149,8 @@ def load_text_model(model_dir: Path, dtype=None):
     from safetensors.torch import load_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
+    from ..hidden_states.checks import fuse_experts
+
     dtype = dtype or torch.float32
     tensors = load_file(str(Path(model_dir) / "model.safetensors"))
     if any(k.startswith("language_model.") for k in tensors):
@@ -164,20 +166,7 @@ def load_text_model(model_dir: Path, dtype=None):
             tensors[f"{base}.weight"] = dequantize_tensor(
                 {f"weight_{p}": t for p, t in parts.items()}
             )
-    fused: dict = {}
-    for name in list(tensors):
-        if ".mlp.experts." in name:
-            layer, rest = name.split(".mlp.experts.")
-            expert, proj = rest.split(".", 1)
-            fused.setdefault(layer, {}).setdefault(int(expert), {})[proj] = tensors.pop(name)
-    for layer, experts in fused.items():
-        order = [experts[e] for e in sorted(experts)]
-        tensors[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack(
-            [torch.cat([e["gate_proj.weight"], e["up_proj.weight"]]) for e in order]
-        )
-        tensors[f"{layer}.mlp.experts.down_proj"] = torch.stack(
-            [e["down_proj.weight"] for e in order]
-        )
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**cfg.text_config(training=True)))
+    tensors = fuse_experts(tensors, model.state_dict().keys())
     model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
     return model.to(dtype).eval()
