@@ -311,7 +311,7 @@ def test_the_extraction_server_script_serves_what_the_train_job_reads(tmp_path, 
 
 
 def test_a_mooncake_transport_reaches_the_servers_connector_and_the_trainers_spec(
-    tmp_path, target_json
+    tmp_path, target_json, mooncake_ready
 ):
     """extract.transport mooncake: the servers' connector puts into the store of the master the
     config names (or the train job's own), the trainer's spec takes from it; files need

@@ -164,6 +164,7 @@ OPERATIONAL_CHANGES = {
         "agreement_positions_per_sample": 16,
         "verify_device": "cpu",
         "reference_forward": "never",
+        "max_reference_rel_error": 0.1,
         "server_args": ["--max-num-seqs", "4"],
         "hybrid_disk_gib": 1,
         "servers": 2,
@@ -376,6 +377,7 @@ def test_infrastructure_is_a_boundary_of_a_stages_code():
         "prompts.selection",
         "prompts.sources",
         "prompts.stage",
+        "prompts.suites",
         "target",  # its tokenizer and chat template count a prompt's tokens
         "target.chat",
         "target.stage",

@@ -14,6 +14,7 @@ import importlib.metadata as md
 import json
 from pathlib import Path
 
+from ..hidden_states.checks import fuse_experts
 from . import config as cfg
 from .quantize import dequantize_tensor
 
@@ -148,8 +149,6 @@ def load_text_model(model_dir: Path, dtype=None):
     import torch
     from safetensors.torch import load_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    from ..hidden_states.checks import fuse_experts
 
     dtype = dtype or torch.float32
     tensors = load_file(str(Path(model_dir) / "model.safetensors"))

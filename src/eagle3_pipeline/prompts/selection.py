@@ -22,7 +22,7 @@ from .rows import (
     user_turn_prefixes,
 )
 from .sources import read_source, source_name
-from .suites import PER_TASK_CAP, SUITES, noncommercial, task_licence
+from .suites import PER_TASK_CAP, SUITES, noncommercial, suite_row, task_licence
 
 # the package's logger: a job's log reads as before the package was split into modules
 log = logging.getLogger(__package__)
@@ -77,8 +77,10 @@ def filter_rows(
     for index, raw in enumerate(raws):
         counts["rows_read"] += 1
         try:
-            rid, messages, extra = normalize_row(
-                kind, raw, index, multi_turn or each_turn, max_turns
+            rid, messages, extra = (
+                suite_row(kind, raw)
+                if kind in SUITES
+                else normalize_row(kind, raw, index, multi_turn or each_turn, max_turns)
             )
         except Malformed as e:
             counts["skipped"]["malformed"] += 1

@@ -182,6 +182,7 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "extract.agreement_positions_per_sample",
     "extract.verify_device",
     "extract.reference_forward",
+    "extract.max_reference_rel_error",
     "extract.server_args",
     "extract.hybrid_disk_gib",
     "extract.servers",
