@@ -140,6 +140,14 @@ class PathBackend(HiddenStatesBackend):
     def add_launch_args(parser) -> None:
         _add_argument_if_absent(parser, "--hidden-states-path", type=str, default=None)
 
+    @staticmethod
+    def root_and_dtype(args, name: str) -> tuple[Path, str]:
+        """The training arguments every path backend reads: its root, the dtype to train in."""
+        root = getattr(args, "hidden_states_path", None)
+        if not root:
+            raise ValueError(f"backend {name!r} needs hidden_states_path")
+        return Path(root), getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
+
 
 class ShardedBackend(PathBackend):
     """``--hidden-states-backend eagle3-pipeline-shards --hidden-states-path <root>``:
@@ -149,11 +157,8 @@ class ShardedBackend(PathBackend):
 
     @staticmethod
     def from_train_args(args, data_path: str) -> ShardedTransfer:
-        root = getattr(args, "hidden_states_path", None)
-        if not root:
-            raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
+        root, dtype = PathBackend.root_and_dtype(args, BACKEND_NAME)
         manifest = read_manifest(root)
-        dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
         aux = getattr(args, "target_layer_ids", None) or manifest["aux_layer_ids"]
         return ShardedTransfer(
             root,

@@ -259,11 +259,8 @@ class OnlineBackend(PathBackend):
 
     @staticmethod
     def from_train_args(args, data_path: str) -> OnlineTransfer:
-        root = getattr(args, "hidden_states_path", None)
-        if not root:
-            raise ValueError(f"backend {BACKEND_NAME!r} needs hidden_states_path")
-        spec = read_result(Path(root) / SPEC_FILE, ONLINE_SPEC)
-        dtype = getattr(args, "hidden_states_dtype", "bfloat16") or "bfloat16"
+        root, dtype = PathBackend.root_and_dtype(args, BACKEND_NAME)
+        spec = read_result(root / SPEC_FILE, ONLINE_SPEC)
         aux = getattr(args, "target_layer_ids", None) or spec["layer_ids"][:-1]
         return OnlineTransfer(
             spec, dtype, layer_columns({"layer_ids": spec["layer_ids"]}, [int(i) for i in aux])
