@@ -38,6 +38,7 @@ from eagle3_pipeline import extract
 from eagle3_pipeline import target as targetlib
 from eagle3_pipeline.engine import cpu_fixes
 from eagle3_pipeline.engine import target_class as serving
+from eagle3_pipeline.extract.validator import wait_written
 from eagle3_pipeline.hidden_states import checks as verify
 from eagle3_pipeline.runtime import setup_logging
 from eagle3_pipeline.server import VllmServer
@@ -158,12 +159,9 @@ def main() -> None:
                         client, server.model_name, row, timeout=600, max_retries=0
                     )
 
-            staged = Path(asyncio.run(one()))
-            for _ in range(120):  # the connector may still be writing the file
-                if staged.exists():
-                    break
-                time.sleep(0.5)
-            hidden = load_file(str(staged))["hidden_states"]
+            staged = asyncio.run(one())
+            wait_written(staged)  # as the extract stage waits: the connector's write lock
+            hidden = load_file(staged)["hidden_states"]
         model = verify.reference_model(model_dir)
         refs = [r.float().cpu() for r in verify.reference_hidden_states(model, row, layer_ids)]
         errors = {
