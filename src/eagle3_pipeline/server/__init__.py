@@ -49,15 +49,39 @@ _EXCEPTION_LINE = re.compile(
 )
 
 
+# '  File "/x/vllm/utils/ompmultiprocessing.py", line 41, in __init__' (any log prefix before it)
+_FRAME_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)$')
+_LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s*)?(?:[A-Z]+ [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+
+
 def exception_lines(log_text: str, limit: int = 5) -> list[str]:
     """Distinct `SomeError: message` lines of Python tracebacks in a log (a `(EngineCore pid=..)`
-    prefix removed), in order of appearance, at most `limit`."""
+    prefix removed), in order of appearance, at most `limit`. An exception without a message
+    (a bare `assert`) is named with the frame that raised it and its statement."""
     seen: list[str] = []
-    for line in log_text.splitlines():
-        m = _EXCEPTION_LINE.match(line.strip())
-        if m and m.group(1) not in seen:
-            seen.append(m.group(1)[:500])
+    lines = [_LOG_PREFIX.sub("", line.strip()) for line in log_text.splitlines()]
+    for i, line in enumerate(lines):
+        m = _EXCEPTION_LINE.match(line)
+        if not m:
+            continue
+        cause = m.group(1)[:500]
+        if ":" not in cause:
+            cause += _raised_at(lines[max(0, i - 4) : i])
+        if cause not in seen:
+            seen.append(cause)
     return seen[:limit]
+
+
+def _raised_at(frame_lines: list[str]) -> str:
+    """' at file.py:41 in f: statement' from the traceback lines above an exception line."""
+    for j in range(len(frame_lines) - 1, -1, -1):
+        frame = _FRAME_LINE.search(frame_lines[j])
+        if frame:
+            path, line, func = frame.groups()
+            code = next((c.strip() for c in frame_lines[j + 1 :] if c.strip()), "")
+            where = f"{'/'.join(Path(path).parts[-3:])}:{line} in {func}"
+            return f" at {where}" + (f": {code}" if code else "")
+    return ""
 
 
 # What to do about errors whose message alone does not say it: (text in the error, advice)
@@ -69,6 +93,11 @@ _ADVICE = (
         "budget. If the GPU is shared, start the servers one at a time, or give the KV cache "
         "a fixed size in vllm.extra_args ([--kv-cache-memory-bytes, BYTES]: no profiling); "
         "if it is not, raise --gpu-memory-utilization.",
+    ),
+    (
+        "self.use_iomp and self.use_gomp",
+        "LD_PRELOAD names two OpenMP runtimes (libgomp and libiomp/libomp) and vLLM starts "
+        "with one only: remove one of them from LD_PRELOAD.",
     ),
 )
 
@@ -131,11 +160,39 @@ def vllm_environment(
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             }
         )
-        iomp = intel_openmp()
-        if iomp and "libiomp5" not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
+        preload = openmp_preload(env.get("LD_PRELOAD", ""), intel_openmp())
+        if preload:
+            env["LD_PRELOAD"] = preload
     env.update(extra or {})
     return server_guard.with_package_on_path(env)
+
+
+def openmp_preload(inherited: str, iomp: str | None) -> str:
+    """The LD_PRELOAD a CPU server gets: Intel's OpenMP first, unless the caller preloads an
+    OpenMP runtime of their own. vLLM refuses a process that preloads two of them
+    (vllm/utils/ompmultiprocessing.py), and any vLLM config built in this process (an in-process
+    ``LLM``) has already put torch's own libgomp into ``os.environ["LD_PRELOAD"]``
+    (vllm/platforms/cpu.py, ``check_and_update_config``): that one is dropped, not kept."""
+    entries = [e for e in inherited.split(":") if e]
+    if iomp is None or any("libiomp" in os.path.basename(e) for e in entries):
+        return inherited
+    kept = [e for e in entries if not _torch_libgomp(e)]
+    if any(_is_openmp(e) for e in kept):
+        return ":".join(kept)  # the caller's own runtime
+    return ":".join([iomp, *kept])
+
+
+def _is_openmp(path: str) -> bool:
+    name = os.path.basename(path)
+    return any(name.startswith(lib) for lib in ("libgomp", "libomp", "libiomp"))
+
+
+def _torch_libgomp(path: str) -> bool:
+    """torch's bundled libgomp (torch.libs/ or torch/lib/), which vLLM preloads itself."""
+    parent = Path(path).parent
+    return os.path.basename(path).startswith("libgomp") and (
+        parent.name == "torch.libs" or (parent.name == "lib" and parent.parent.name == "torch")
+    )
 
 
 def intel_openmp() -> str | None:
