@@ -2,7 +2,8 @@
 error naming the file or key, or its bad rows are skipped and counted; none ends in another
 exception, and no input or earlier output is changed.
 
-The examples are derandomized, so every run tries the same cases;
+The examples are derandomized, so every run tries the same cases: 150 per test in the full
+tier, 40 in the quick one (plain `pytest`);
 benchmarks/bad_input_census.py runs this file with EAGLE3_BAD_INPUT_TALLY set and tallies
 what each case got (benchmarks/results/checks/bad_input.json)."""
 
@@ -27,9 +28,10 @@ from eagle3_pipeline import prompts
 from eagle3_pipeline.config import files as config_files
 from eagle3_pipeline.runtime.files import iter_jsonl
 
+import tiers
 from smkcli import REPO
 
-EXAMPLES = int(os.environ.get("EAGLE3_BAD_INPUT_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("EAGLE3_BAD_INPUT_EXAMPLES", "40" if tiers.QUICK_ONLY else "150"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
     derandomize=True,

@@ -44,7 +44,8 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "synth_interrupted": ("slurm", "server"),
     "resumed_run": ("training",),
     "dflash_run": ("training",),
-    "built": ("slow",),  # the miniature Kimi-K2.5, trained on the CPU when not cached
+    "miniature": ("slow",),  # the miniature Kimi-K2.5, trained on the CPU when not cached
+    "kimi_run": ("e2e", "server", "training"),
 }
 # what costs more than the quick tier has room for
 IMPLIED = {"training": ("slow",), "e2e": ("slow",), "slurm": ("slow",)}
@@ -75,7 +76,14 @@ def pytest_addoption(parser):
     )
 
 
+# whether this session runs the quick tier only (set when it starts): generated tests try fewer
+# cases there (tests/test_bad_input_generated.py)
+QUICK_ONLY = False
+
+
 def pytest_configure(config):
+    global QUICK_ONLY
+    QUICK_ONLY = quick_tier_only(config)
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     os.environ[SESSION_VARIABLE] = uuid.uuid4().hex
