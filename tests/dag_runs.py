@@ -11,6 +11,12 @@ rest of the suite runs meanwhile (the tests that read them run last).
   settings: a job stopped at its time limit, then the run again, whose job is cancelled with
   scancel once it has journaled answers and resubmitted by the profile's retry.
 
+- ``miniature``: the miniature Kimi-K2.5's two exports (bf16 and W4A16), built in a process of
+  their own into tests/.cache/miniature (tests/miniature_build.py: minutes the first time on a
+  machine, nothing after).
+- ``kimi_run``: the Kimi-K2.5 profile's whole DAG on the bf16 miniature
+  (tests/configs/ci_kimi.yaml; tests/test_miniature_dag.py reads it).
+
 Only the Slurm checks (tests/test_slurm.py) need Slurm. The runs' processes carry a session
 variable of their own, so the tiers' watch (tests/tiers.py) files their servers and trainings
 under the run, not under whichever test is running meanwhile; the tests that read a run get its
@@ -19,6 +25,7 @@ marks from the fixture (tiers.FIXTURE_MARKS).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -37,9 +44,19 @@ import tiers
 REPO = Path(__file__).resolve().parents[1]
 CI_CONFIG = REPO / "tests" / "configs" / "ci.yaml"
 CI_SLURM_CONFIG = REPO / "tests" / "configs" / "ci_slurm.yaml"
+KIMI_CONFIGS = (REPO / "config" / "kimi-k2.5.yaml", REPO / "tests" / "configs" / "ci_kimi.yaml")
 # what each shared run needs made first
-NEEDS = {"ci_run": (), "slurm_run": ("ci_run",), "synth_interrupted": ("ci_run",)}
+NEEDS = {
+    "ci_run": (),
+    "miniature": (),
+    "kimi_run": ("miniature",),
+    "slurm_run": ("ci_run",),
+    "synth_interrupted": ("ci_run",),
+}
 SLURM_RUNS = {"slurm_run", "synth_interrupted"}
+# the order in which the tests that read the runs go, after those that read none: about the
+# order in which the runs are done
+READ_ORDER = ("miniature", "ci_run", "kimi_run", "slurm_run", "synth_interrupted")
 # Synth asked again under other generation settings (a journal of its own), one answer at a
 # time and longer answers: about four minutes of work on the CI machine's CPU, which a
 # two-minute time limit cuts short (Slurm stops a job 120-155 s after its start here: KillWait
@@ -207,6 +224,35 @@ class SharedRuns:
         assert rc == 0, log[-6000:]
         return work
 
+    def _miniature(self) -> dict[str, Path]:
+        """Both exports, built (or found in the cache) by a process of their own, so that the
+        session's tests run meanwhile."""
+        log = self.base / "miniature.log"
+        code = "import json, miniature_build as m; print(json.dumps(m.build_all()))"
+        env = dict(self.env, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "tests")]))
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=out, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+            self.procs.append(proc)
+            stdout, _ = proc.communicate(timeout=3600)
+        assert proc.returncode == 0, log.read_text(errors="replace")[-6000:]
+        built = json.loads(stdout.strip().splitlines()[-1])  # (the last line: a library may talk)
+        return {name: Path(path) for name, path in built.items()}
+
+    def _kimi_run(self) -> Path:
+        model = self.result("miniature")["none"]
+        work = self.base / "kimi_run"
+        work.mkdir(parents=True)
+        shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under
+        rc, log = self._snakemake(
+            work, "--config", f"target={{path: {model}}}", configfiles=KIMI_CONFIGS
+        )
+        assert rc == 0, log[-6000:]
+        return work
+
     def _slurm_run(self) -> Path:
         work = copy_run(self.result("ci_run"), self.base / "slurm_run")
         rc, log = self._snakemake(
@@ -323,6 +369,18 @@ def ci_run(shared_runs) -> Path:
 
 
 @pytest.fixture(scope="session")
+def miniature(shared_runs) -> dict[str, Path]:
+    """The miniature Kimi-K2.5's exports by quantization ("none": bf16, "w4a16")."""
+    return shared_runs.result("miniature")
+
+
+@pytest.fixture(scope="session")
+def kimi_run(shared_runs) -> Path:
+    """The working directory of the Kimi-K2.5 profile's finished CI-sized run on the miniature."""
+    return shared_runs.result("kimi_run")
+
+
+@pytest.fixture(scope="session")
 def slurm_run(shared_runs) -> Path:
     """The working directory of the copy of ci_run made again through Slurm (--forceall)."""
     return shared_runs.result("slurm_run")
@@ -335,9 +393,9 @@ def synth_interrupted(shared_runs) -> dict:
 
 
 def needs_a_run(item) -> int:
-    """0: reads no shared run; 1: the local one; 2: a Slurm one (made after the local one)."""
+    """0: reads no shared run; else 1 + the place in READ_ORDER of the last run it reads."""
     names = set(item.fixturenames)
-    return 2 if names & SLURM_RUNS else 1 if "ci_run" in names else 0
+    return max((1 + i for i, name in enumerate(READ_ORDER) if name in names), default=0)
 
 
 @pytest.hookimpl(trylast=True)

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from miniature_build import CACHE, REPO, build_cached
+from miniature_build import CACHE, REPO
 
 from eagle3_pipeline.engine import target_class as serving
 from eagle3_pipeline.miniature import check, checkpoint, distill, stats, teacher
@@ -257,8 +257,8 @@ def test_committed_corpus_has_its_provenance():
 
 
 @pytest.fixture(scope="module")
-def built() -> Path:
-    return build_cached("w4a16")
+def built(miniature) -> Path:
+    return miniature["w4a16"]
 
 
 def test_the_build_is_a_kimi_k25_directory(built):
@@ -340,13 +340,13 @@ def training_like_prompts(n_seen: int = 4, n_new: int = 4) -> list[str]:
 @pytest.mark.server
 @pytest.mark.slow
 @pytest.mark.parametrize("quantize", ["none", "w4a16"])
-def test_the_miniature_thinks_on_vllm_cpu(quantize, tmp_path):
+def test_the_miniature_thinks_on_vllm_cpu(quantize, miniature, tmp_path):
     """Served as Kimi-K2.5 is (kimi_k2 reasoning parser, thinking on, text only), the
     miniature's greedy answers split into reasoning and content, vary and end their turn. The
     W4A16 variant needs an int4 MoE kernel that vllm-cpu only has with AMX."""
     from transformers import AutoTokenizer
 
-    model = build_cached(quantize)
+    model = miniature[quantize]
     prompts = training_like_prompts()
     log, vllm_cache = tmp_path / "server.log", CACHE / "vllm"
     if quantize == "w4a16" and not serving.cpu_has_amx():

