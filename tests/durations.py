@@ -2,7 +2,8 @@
 run's wall time and where it went, by tier, by module and by test. `.ci/run` writes one for
 every CI run, in $CI_OUT beside the JUnit file.
 
-    .venv/bin/python tests/durations.py RUN.xml --command "..." --note "what else ran" > out.md
+    .venv/bin/python tests/durations.py RUN.xml --command "..." --note "what else ran" \
+        [--revision "$(git describe --always --dirty)"] > out.md
 
 Each test's seconds are its set-up, call and tear-down together (pytest's JUnit default), so
 a session fixture's cost lands on the first test that asks for it. The quick tier is what plain
@@ -81,7 +82,16 @@ def minutes(s: float) -> str:
     return f"{s / 60:.1f} min"
 
 
-def render(attrs: dict, cases: list[dict], quick: set[str], command: str, note: str) -> str:
+def revision() -> str:
+    """``git describe --always --dirty`` of this checkout, now."""
+    from eagle3_pipeline.runtime.provenance import code_version
+
+    return code_version()["git"] or "unknown"
+
+
+def render(
+    attrs: dict, cases: list[dict], quick: set[str], command: str, note: str, rev: str = ""
+) -> str:
     wall = float(attrs.get("time", 0))
     total = sum(c["s"] for c in cases)
     outcomes = collections.Counter(c["outcome"] for c in cases)
@@ -93,6 +103,7 @@ def render(attrs: dict, cases: list[dict], quick: set[str], command: str, note: 
         "for every CI run).",
         "",
         f"- command: `{command}`",
+        f"- revision: {rev or revision()}",
         f"- machine: {machine()}",
         f"- started: {attrs.get('timestamp', '?')}; wall time {minutes(wall)} "
         f"({wall:.0f} s), {len(cases)} tests: "
@@ -142,9 +153,13 @@ def main() -> None:
     ap.add_argument("--command", required=True, help="the command that ran the tests")
     ap.add_argument("--note", default="", help="what else ran on the machine meanwhile")
     ap.add_argument("--quick", type=Path, help="`pytest --collect-only -q` (default: run it)")
+    ap.add_argument(
+        "--revision", default="", help="the code the tests ran (default: git describe, now)"
+    )
     args = ap.parse_args()
     attrs, cases = read_junit(args.junit)
-    sys.stdout.write(render(attrs, cases, quick_tier(args.quick), args.command, args.note))
+    quick = quick_tier(args.quick)
+    sys.stdout.write(render(attrs, cases, quick, args.command, args.note, args.revision))
 
 
 if __name__ == "__main__":

@@ -121,5 +121,6 @@ def test_ci_runs_the_readmes_test_command_and_keeps_every_tests_duration(tmp_pat
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "out" / "durations.md").read_text()
     assert "- command: `.ci/run `" in page and "2 tests: 1 failure, 1 passed" in page
+    assert "- revision: unknown\n" in page  # what .ci/run saw before the tests (no git here)
     assert "| 10.0 | Q | tests/test_a.py::test_one |" in page
     assert "| tests/test_a.py | 2 | 10.5 | 100.0% |" in page
