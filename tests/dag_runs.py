@@ -210,6 +210,12 @@ class SharedRuns:
                 proc.wait()
         return rc, (work / "snakemake.out").read_text(errors="replace")
 
+    def _finished(self, work: Path, *args: str, **kwargs) -> Path:
+        """``work`` once the workflow has run there to the end (``_snakemake``'s arguments)."""
+        rc, log = self._snakemake(work, *args, **kwargs)
+        assert rc == 0, log[-6000:]
+        return work
+
     def _ci_run(self) -> Path:
         if os.environ.get("EAGLE3_CI_RUN"):
             work = Path(os.environ["EAGLE3_CI_RUN"])
@@ -220,9 +226,7 @@ class SharedRuns:
         work.mkdir(parents=True)
         shutil.copytree(REPO / "config", work / "config")  # the default configfile, under ci
         shutil.copytree(REPO / "tests" / "data", work / "data")  # the config's prompt files
-        rc, log = self._snakemake(work)
-        assert rc == 0, log[-6000:]
-        return work
+        return self._finished(work)
 
     def _miniature(self) -> dict[str, Path]:
         """Both exports, built (or found in the cache) by a process of their own, so that the
@@ -247,19 +251,15 @@ class SharedRuns:
         work = self.base / "kimi_run"
         work.mkdir(parents=True)
         shutil.copytree(REPO / "config", work / "config")  # the default configfile, merged under
-        rc, log = self._snakemake(
+        return self._finished(
             work, "--config", f"target={{path: {model}}}", configfiles=KIMI_CONFIGS
         )
-        assert rc == 0, log[-6000:]
-        return work
 
     def _slurm_run(self) -> Path:
         work = copy_run(self.result("ci_run"), self.base / "slurm_run")
-        rc, log = self._snakemake(
+        return self._finished(
             work, "--forceall", slurm=self.slurm(), configfiles=(CI_CONFIG, CI_SLURM_CONFIG)
         )
-        assert rc == 0, log[-6000:]
-        return work
 
     def _synth_interrupted(self) -> dict:
         """Synth under SLOW_SYNTH through Slurm: first with a time limit too short for it and

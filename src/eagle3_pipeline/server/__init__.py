@@ -42,16 +42,12 @@ class ServerError(RuntimeError):
     """The server failed to start or died; the message ends with its last log lines."""
 
 
-# "(EngineCore_DP0 pid=7) ERROR 11-30 20:59:01 [core.py:708] ValueError: ..." -> "ValueError: ..."
-_EXCEPTION_LINE = re.compile(
-    r"^(?:\([^)]*\)\s*)?(?:[A-Z]+ [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?"
-    r"((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$"
-)
-
-
-# '  File "/x/vllm/utils/ompmultiprocessing.py", line 41, in __init__' (any log prefix before it)
-_FRAME_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)$')
+# what vLLM puts before a line: "(EngineCore_DP0 pid=7) ERROR 11-30 20:59:01 [core.py:708] "
 _LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s*)?(?:[A-Z]+ [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+# (without that prefix) "ValueError: ..." or a bare "AssertionError"
+_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b(?::.*)?)$")
+# 'File "/x/vllm/utils/ompmultiprocessing.py", line 41, in __init__'
+_FRAME_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)$')
 
 
 def exception_lines(log_text: str, limit: int = 5) -> list[str]:
