@@ -108,3 +108,28 @@ def test_a_result_writer_without_the_revision_is_found(tmp_path):
     assert writes_a_result(script) == (True, False)
     script.write_text('ap.add_argument("--out")\nwrite_result(args.out, r)\n')
     assert writes_a_result(script) == (True, True)
+
+
+def test_the_gpu_miniature_check_refuses_a_bf16_export(tmp_path):
+    """The GPU run of the Kimi miniature is meant for vLLM's Marlin WNA16 MoE: a bf16 export of
+    the same weights (no quantization_config, as in text_config of the W4A16 build) is refused
+    before the host spends its minutes on the unquantized kernel."""
+    import json
+    import subprocess
+
+    script = REPO / "lab" / "gpu" / "miniature_quantized.py"
+    w4a16 = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 32}}},
+    }
+    for name, text_config in [("bf16", {}), ("w4a16", {"quantization_config": w4a16})]:
+        (tmp_path / name).mkdir()
+        config = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": text_config}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    run = lambda d: subprocess.run(  # noqa: E731
+        [sys.executable, str(script), str(tmp_path / d)], capture_output=True, text=True
+    )
+    refused, accepted = run("bf16"), run("w4a16")
+    assert refused.returncode != 0 and "a bf16 export" in refused.stderr, refused
+    assert "pack_miniature.sh" in refused.stderr
+    assert accepted.returncode == 0 and "W4A16 group 32" in accepted.stdout, accepted

@@ -340,20 +340,29 @@ curve() {
     --sizes 2500 5000 10000 --prompt-sets mtbench
 }
 # The Kimi-K2.5 profile on the miniature (lab/configs/gpu_kimi_miniature.yaml; the model carried
-# in parts, `unpack .gpu/mini/kimi-miniature.tar.xz` puts it at models/kimi-miniature): the data
+# in parts by lab/gpu/pack_miniature.sh, unpacked to models/kimi-miniature): the data
 # (synth through the kimi_k2 parser, extraction), the drafter, what the served drafter is fed
 # (benchmarks/serve_features.py), then the bench in rounds and the report; its servers' logs
 # name the MLA backend and the MoE method vLLM picked.
-#   start facts km_data,km_train,km_features,km_bench
+#   start facts km_data,km_train,km_features,km_bench,km_mla_check,km_extract_rates
 KM_CFG=(--configfile config/kimi-k2.5.yaml lab/configs/gpu_kimi_miniature.yaml)
 KM=results/kimi-miniature
-km_data() { smk km "${KM_CFG[@]}" --until extract_gather vocab prompts_bench; }
+km_data() {  # refuses a bf16 export: the run is meant for Marlin WNA16 (lab/gpu/pack_miniature.sh)
+  python3 lab/gpu/miniature_quantized.py /tmp/w/repo/models/kimi-miniature || return
+  smk km "${KM_CFG[@]}" --until extract_gather vocab prompts_bench
+}
 km_train() { smk km $KM/drafter/eagle3/metrics.json "${KM_CFG[@]}"; }
 km_features() {
   python3 benchmarks/serve_features.py "${KM_CFG[@]}" --rows 8 --generate 48 \
     --out "$W/bench/gpu_kimi_miniature_serve_features.json"
 }
 km_bench() { smk km "${KM_CFG[@]}"; }
+# Every layer the extraction server captures on one chat turn against transformers' float32
+# forward, served with the GPU's RoPE, MLA and MoE kernels (benchmarks/mla_extraction_check.py)
+km_mla_check() {
+  python3 benchmarks/mla_extraction_check.py --model /tmp/w/repo/models/kimi-miniature \
+    --device cuda --out "$W/bench/gpu_mla_extraction_miniature.json"
+}
 # Extraction against a bare prefill of the same rows (benchmarks/extract_throughput.py), bf16
 # and fp8 storage, 3 rounds each, on the run's prepared rows
 km_extract_rates() {
