@@ -404,6 +404,11 @@ OTHER_CHECKS = [
         "answers, the re-render check it replaced would flag all "
         "{f.checks_compared.rerender_check.text}",
     ),
+    c(
+        "gpu_runs/kimi-miniature-h100/bench/eagle3/metrics.json",
+        "held-out τ {f.runs.where(prompt_set='heldout', k=3, temperature=0.0).acceptance_length"
+        "|.2f}, predicted {f.runs.where(prompt_set='heldout').predicted_acceptance_length|.2f}",
+    ),
 ]
 
 
