@@ -45,9 +45,8 @@ def one_start(model: str, multiprocessing: str, log: Path) -> dict:
     cpu0, t0 = machine_cpu_s(), time.monotonic()
     with VllmServer(spec, log, cache_root=REPO / "tests" / ".cache" / "vllm") as server:
         ready = time.monotonic() - t0
-        name = json.loads(urllib.request.urlopen(server.base_url + "/models").read())
         body = {
-            "model": name["data"][0]["id"],
+            "model": server.model_name,
             "messages": [{"role": "user", "content": "Name three rivers."}],
             "max_tokens": 16,
             "temperature": 0,

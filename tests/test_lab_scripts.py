@@ -122,8 +122,9 @@ def test_the_gpu_miniature_check_refuses_a_bf16_export(tmp_path):
         "quant_method": "compressed-tensors",
         "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 32}}},
     }
-    for name, text_config in [("bf16", {}), ("w4a16", {"quantization_config": w4a16})]:
+    for name, quant in [("bf16", {}), ("w4a16", {"quantization_config": w4a16})]:
         (tmp_path / name).mkdir()
+        text_config = {"n_routed_experts": 8, **quant}
         config = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": text_config}
         (tmp_path / name / "config.json").write_text(json.dumps(config))
     run = lambda d: subprocess.run(  # noqa: E731

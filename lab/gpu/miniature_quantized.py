@@ -11,14 +11,17 @@ import json
 import sys
 from pathlib import Path
 
+from eagle3_pipeline.engine.target_class import facts
+
 
 def problem(model_dir: Path) -> str | None:
     config = json.loads((model_dir / "config.json").read_text())
-    quant = config.get("quantization_config") or config.get("text_config", {}).get(
+    # 4-bit experts as the plan sees them (the check that refuses them on a CPU without AMX)
+    if not facts(config)["int4_weights"]:
+        return f"{model_dir} has no 4-bit routed experts: a bf16 export, not the W4A16 miniature"
+    quant = (config.get("text_config") or config).get("quantization_config") or config.get(
         "quantization_config"
     )
-    if not quant:
-        return f"{model_dir} has no quantization_config: a bf16 export, not the W4A16 miniature"
     weights = [g.get("weights", {}) for g in quant.get("config_groups", {}).values()]
     if quant.get("quant_method") != "compressed-tensors" or not any(
         w.get("num_bits") == 4 and w.get("group_size") == 32 for w in weights

@@ -347,8 +347,9 @@ curve() {
 #   start facts km_data,km_train,km_features,km_bench,km_mla_check,km_extract_rates
 KM_CFG=(--configfile config/kimi-k2.5.yaml lab/configs/gpu_kimi_miniature.yaml)
 KM=results/kimi-miniature
+KM_MODEL=/tmp/w/repo/models/kimi-miniature  # target.path of lab/configs/gpu_kimi_miniature.yaml
 km_data() {  # refuses a bf16 export: the run is meant for Marlin WNA16 (lab/gpu/pack_miniature.sh)
-  python3 lab/gpu/miniature_quantized.py /tmp/w/repo/models/kimi-miniature || return
+  python3 lab/gpu/miniature_quantized.py "$KM_MODEL" || return
   smk km "${KM_CFG[@]}" --until extract_gather vocab prompts_bench
 }
 km_train() { smk km $KM/drafter/eagle3/metrics.json "${KM_CFG[@]}"; }
@@ -360,7 +361,7 @@ km_bench() { smk km "${KM_CFG[@]}"; }
 # Every layer the extraction server captures on one chat turn against transformers' float32
 # forward, served with the GPU's RoPE, MLA and MoE kernels (benchmarks/mla_extraction_check.py)
 km_mla_check() {
-  python3 benchmarks/mla_extraction_check.py --model /tmp/w/repo/models/kimi-miniature \
+  python3 benchmarks/mla_extraction_check.py --model "$KM_MODEL" \
     --device cuda --out "$W/bench/gpu_mla_extraction_miniature.json"
 }
 # Extraction against a bare prefill of the same rows (benchmarks/extract_throughput.py), bf16
