@@ -47,6 +47,10 @@ def test_extraction_is_verified_and_matches_transformers(tmp_path, extracted):
     )
     assert manifest["num_samples"] == len(TOPICS)
     assert manifest["bytes_per_token"] == pytest.approx(4 * 576 * 2, rel=0.02)
+    # the rate counts from the server's first answer: its start (seconds on a CPU) apart
+    run = m["this_run"]
+    assert run["server_start_s"] > 1.0
+    assert run["tokens_per_s"] == round(run["tokens"] / run["elapsed_s"], 1)
 
 
 KILL_SCRIPT = """

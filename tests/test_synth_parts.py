@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline import runtime
 from eagle3_pipeline.runtime.files import AppendLog, iter_jsonl, write_json, write_jsonl_zst
 from eagle3_pipeline.runtime.results import SYNTH_PART, format_tag
 from eagle3_pipeline.synth import answers
@@ -31,6 +32,17 @@ def test_parts_are_balanced_and_a_prompt_keeps_its_part():
     # the part depends on the id alone: more prompts move none of the others
     assert [answers.part_of(i, 4) for i in ids[:50]] == [answers.part_of(i, 4) for i in ids[:50]]
     assert {answers.part_of(i, 1) for i in ids} == {0}
+
+
+def test_a_stage_rate_starts_when_its_server_answers(monkeypatch):
+    """A two-minute server start before 12 s of answers must not read as slow generation."""
+    now = iter([100.0, 235.0, 247.0])
+    monkeypatch.setattr(runtime.time, "monotonic", lambda: next(now))
+    clock = runtime.StageClock()
+    clock.ready()
+    assert clock.split() == {"server_start_s": 135.0, "elapsed_s": 12.0}
+    now = iter([5.0, 9.5])  # nothing to do: no server, all of it work
+    assert runtime.StageClock().split() == {"server_start_s": 0.0, "elapsed_s": 4.5}
 
 
 def prompt(i: int, text: str = "hi") -> dict:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import time
 from pathlib import Path
 
 from ..hidden_states import shards
 from ..hidden_states.checks import NextTokenProbe, model_fits, reference_errors
 from ..hidden_states.disk import sample_bytes
-from ..runtime import Progress
+from ..runtime import Progress, StageClock
 from ..runtime.disk import DISK_MARGIN, check_disk
 from ..runtime.files import read_json, stable_hash, write_json
 from ..runtime.provenance import provenance
@@ -96,7 +95,7 @@ def run_part(
     )
     staging = root / ".staging" / f"part_{part}"
     ex = None
-    t0 = time.monotonic()
+    clock = StageClock()
     try:
         if todo:
             staging.mkdir(parents=True, exist_ok=True)
@@ -107,12 +106,13 @@ def run_part(
                 len(rows), f"extract part {part}", unit="samples", done=len(book.done)
             )
             with VllmServer(spec, log_path) as server:
+                clock.ready(progress)
                 asyncio.run(
                     ex.run(server.base_url, server.model_name, todo, progress, server.check_alive)
                 )
     finally:
         book.close()
-    elapsed = time.monotonic() - t0
+    times = clock.split()
     shutil.rmtree(staging, ignore_errors=True)
 
     missing = [i for i in rows if i not in book.done]
@@ -164,10 +164,13 @@ def run_part(
             "reused": len(rows) - len(todo),
             "moved_from_other_rows": len(adopted),
             "tokens": tokens_this_run,
-            "elapsed_s": round(elapsed, 2),
+            **times,
             "validator_s_per_phase": {k: round(v, 2) for k, v in ex.timings.items()} if ex else {},
             "probe_batches": ex.probe_batches if ex else 0,
-            "tokens_per_s": round(tokens_this_run / elapsed, 1) if todo else None,
+            # from the server's first answer on: its start is server_start_s
+            "tokens_per_s": round(tokens_this_run / max(times["elapsed_s"], 1e-9), 1)
+            if todo
+            else None,
         },
         "provenance": provenance(cfg, inputs={"dataset": dataset_dir, "target": target_json}),
     }

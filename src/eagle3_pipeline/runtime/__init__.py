@@ -147,6 +147,27 @@ class Progress:
         return s
 
 
+class StageClock:
+    """A stage's wall time, split where its server answers: a rate divides by the work after
+    that moment, so a two-minute server start does not read as slow generation."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.t_ready: float | None = None
+
+    def ready(self, progress: Progress | None = None) -> None:
+        self.t_ready = time.monotonic()
+        if progress is not None:  # its rate and ETA count from here too
+            progress.t0 = progress.last = self.t_ready
+
+    def split(self) -> dict:
+        """``server_start_s``: from the stage's start until the server answered (0 when none
+        started); ``elapsed_s``: the work after it."""
+        now = time.monotonic()
+        ready = self.t_ready if self.t_ready is not None else self.t0
+        return {"server_start_s": round(ready - self.t0, 2), "elapsed_s": round(now - ready, 2)}
+
+
 def format_seconds(s: float) -> str:
     s = int(s)
     h, rem = divmod(s, 3600)

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 
-from ..runtime import Progress
+from ..runtime import Progress, StageClock
 from ..runtime.files import stable_hash, write_json, write_jsonl
 from ..runtime.provenance import provenance
 from ..runtime.results import WRITE_PART, format_tag, read_result
@@ -87,12 +86,13 @@ def _known(entries: list[dict], max_model_len: int) -> dict:
     return {k: e for k, e in best_entries(entries).items() if is_settled(e, max_model_len)}
 
 
-def _record_run(store: AnswerStore, part: int, parts: int, outcome: Counter, elapsed: float):
-    """The run's requests, tokens and time in the store (the gather's generation rate)."""
+def _record_run(store: AnswerStore, part: int, parts: int, outcome: Counter, times: dict):
+    """The run's requests, tokens and times in the store (the gather's generation rate: its
+    ``elapsed_s`` starts when the server answered)."""
     if outcome:
         asked = outcome["ok"] + outcome["rejected"] + outcome["failed"]
         tokens = outcome["completion_tokens"]
-        run = {"requests": asked, "completion_tokens": tokens, "elapsed_s": round(elapsed, 2)}
+        run = {"requests": asked, "completion_tokens": tokens, **times}
         store.record_run(part, parts, run)
 
 
@@ -132,7 +132,7 @@ def run_part(
     )
     journal = store.journal(part, parts)
     outcome: Counter = Counter()
-    t0 = time.monotonic()
+    clock = StageClock()
     try:
         if todo:
             request = writer(
@@ -142,6 +142,7 @@ def run_part(
                 steps, f"prompts_write part {part}", unit="requests", done=steps - len(todo)
             )
             with open_endpoints(synth_cfg, vllm_cfg, target, log_path) as endpoints:
+                clock.ready(progress)
                 outcome = asyncio.run(
                     generate(
                         endpoints,
@@ -163,8 +164,8 @@ def run_part(
         ) from e
     finally:
         journal.close()
-    elapsed = time.monotonic() - t0
-    _record_run(store, part, parts, outcome, elapsed)
+    times = clock.split()
+    _record_run(store, part, parts, outcome, times)
     manifest = {
         "format": format_tag(WRITE_PART),
         "part": part,
@@ -175,7 +176,7 @@ def run_part(
             "server_started": bool(todo) and not synth_cfg["endpoint"],
             "conversations_written": len(todo),
             **{k: outcome[k] for k in ("ok", "rejected", "failed", "completion_tokens")},
-            "elapsed_s": round(elapsed, 2),
+            **times,
         },
         "provenance": provenance({"source": spec, "seed": seed}),
     }

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime import Progress
+from ..runtime import Progress, StageClock
 from ..runtime.files import write_json
 from ..runtime.provenance import provenance
 from ..runtime.results import SYNTH_PART, format_tag, read_result
@@ -136,7 +135,7 @@ def run_part(
         work.reused,
         work.requests - work.reused - work.skipped,
     )
-    t0 = time.monotonic()
+    clock = StageClock()
     outcome: Counter = Counter()
     journal = store.journal(part, parts)
     try:
@@ -148,6 +147,7 @@ def run_part(
                 done=work.reused + work.skipped,
             )
             with open_endpoints(cfg, vllm_cfg, target, log_path) as endpoints:
+                clock.ready(progress)
                 if on_policy(cfg):
                     asking = generate_on_policy(
                         endpoints, todo, cfg, journal, progress, work.known, max_model_len
@@ -163,16 +163,12 @@ def run_part(
         ) from e
     finally:
         journal.close()
-    elapsed = time.monotonic() - t0
+    times = clock.split()
     if outcome:
         store.record_run(
             part,
             parts,
-            {
-                "answered": outcome["ok"],
-                "completion_tokens": outcome["completion_tokens"],
-                "elapsed_s": round(elapsed, 2),
-            },
+            {"answered": outcome["ok"], "completion_tokens": outcome["completion_tokens"], **times},
         )
     # (a conversation's rows are all in its part: the part's own prompts resolve alike)
     last, skipped = outcomes(mine, store.read(contexts), cfg)
@@ -195,7 +191,7 @@ def run_part(
             "rejected": outcome["rejected"],
             "failed": outcome["failed"],
             "completion_tokens": outcome["completion_tokens"],
-            "elapsed_s": round(elapsed, 2),
+            **times,
         },
         "provenance": provenance(
             {k: cfg[k] for k in sorted(cfg)}, inputs={"prompts": prompts_path}
@@ -236,6 +232,7 @@ def gather(
         **{k: sum(r[k] for r in runs) for k in ("reused", "answered", "rejected", "failed")},
         # parts run side by side: the stage's time is its slowest part's
         "elapsed_s": max((r["elapsed_s"] for r in runs), default=0.0),
+        "server_start_s": max((r.get("server_start_s", 0.0) for r in runs), default=0.0),
         "completion_tokens": sum(r["completion_tokens"] for r in runs),
     }
     stats = finalize(
