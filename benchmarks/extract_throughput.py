@@ -201,7 +201,11 @@ def main() -> None:
     )
     info = target.load_info(target_json)
     if args.dataset:
-        ds = load_from_disk(args.dataset).with_format(None).select(range(args.rows))
+        ds = load_from_disk(args.dataset).with_format(None)
+        if len(ds) < args.rows:  # a small run's dataset: all of it
+            print(f"--rows {args.rows}: the dataset has {len(ds)}, all of them are used")
+            args.rows = len(ds)
+        ds = ds.select(range(args.rows))
     else:
         ds = packaged_rows(Path(info["model_path"]), args.rows, args.seq_length, base["prompts"])
     extra = ["--no-enable-prefix-caching"]

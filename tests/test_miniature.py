@@ -196,6 +196,33 @@ def test_w4a16_packing_round_trips_within_int4_error():
     assert 0.01 < rel < 0.15
 
 
+def test_the_reference_forward_reads_packed_weights_as_the_kernel_computes():
+    """A W4A16 target's reference check compares the served kernels with the dequantized
+    weights (quantization is not a serving error); another quantization is refused."""
+    import torch
+
+    from eagle3_pipeline.hidden_states import checks
+    from eagle3_pipeline.miniature import quantize
+
+    torch.manual_seed(0)
+    w = (torch.randn(64, 128) * 0.02).to(torch.bfloat16)
+    name = "model.layers.3.mlp.experts.1.up_proj."
+    state = {name + k: v for k, v in quantize.quantize_tensor(w).items()}
+    state["model.norm.weight"] = torch.ones(4)
+    args = checks.packed_weight_args("m", cfg.quantization_config(wrapper=True))
+    out = checks.dequantized(state, args)
+    assert set(out) == {name + "weight", "model.norm.weight"}
+    assert torch.equal(out[name + "weight"], quantize.dequantize_tensor(state_of(state, name)))
+    assert checks.packed_weight_args("m", None) is None
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="reference_forward: never"):
+        checks.packed_weight_args("m", fp8)
+
+
+def state_of(state: dict, prefix: str) -> dict:
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
 def test_quantization_config_ignores_all_but_the_routed_experts():
     from compressed_tensors.utils.match import match_name
 
@@ -310,6 +337,22 @@ def test_routed_experts_are_packed_and_the_rest_is_bf16(built):
         bias = f.get_tensor("language_model.model.layers.4.mlp.gate.e_score_correction_bias")
         assert bias.dtype == torch.float32 and bias.abs().sum() > 0
     assert not any(re.search(r"layers\.0\.mlp\.experts", k) for k in keys)  # dense first layer
+
+
+def test_the_reference_forward_of_the_w4a16_build_is_the_bf16_one_with_quantized_experts(
+    built, miniature
+):
+    """The dense first layer has no routed experts: equal to the bf16 export's; the MoE layers
+    differ by the int4 rounding of the experts alone (a few percent, not a wrong layer)."""
+    from eagle3_pipeline.hidden_states import checks
+
+    ids = list(range(1, 25))
+    quantized, bf16 = (
+        checks.reference_hidden_states(checks.reference_model(m), ids, [1, 4])
+        for m in (built, miniature["none"])
+    )
+    assert float((quantized[0] - bf16[0]).norm()) == 0.0
+    assert 0.005 < float((quantized[1] - bf16[1]).norm() / bf16[1].norm()) < 0.3
 
 
 def test_a_second_build_with_the_same_inputs_is_a_no_op(built):

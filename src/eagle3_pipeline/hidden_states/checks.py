@@ -254,18 +254,15 @@ def wrapped_language_model(model_dir: str | Path, text_config, trust_remote_code
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    if getattr(text_config, "quantization_config", None):
-        raise ValueError(
-            f"{model_dir}: the reference forward of a multimodal wrapper with quantized "
-            "weights is not supported: set extract.reference_forward: never, or point "
-            "target.path at an unquantized copy"
-        )
+    weights_args = packed_weight_args(model_dir, getattr(text_config, "quantization_config", None))
     prefix = "language_model."
     state = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         state |= {
             k[len(prefix) :]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)
         }
+    if weights_args is not None:
+        state = dequantized(state, weights_args)
     model = AutoModelForCausalLM.from_config(
         text_config, dtype=torch.float32, trust_remote_code=trust_remote_code
     )
@@ -280,6 +277,48 @@ def wrapped_language_model(model_dir: str | Path, text_config, trust_remote_code
             f"(missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]})"
         )
     return model
+
+
+def packed_weight_args(model_dir, quantization_config) -> dict | None:
+    """The weight arguments of a compressed-tensors ``pack-quantized`` checkpoint with one
+    weight-only group (Kimi-K2.5's W4A16 experts), None when unquantized; any other
+    quantization is refused."""
+    if not quantization_config:
+        return None
+    q = quantization_config if isinstance(quantization_config, dict) else vars(quantization_config)
+    groups = list((q.get("config_groups") or {}).values())
+    if (
+        q.get("quant_method") != "compressed-tensors"
+        or q.get("format") != "pack-quantized"
+        or len(groups) != 1
+        or groups[0].get("input_activations")
+    ):
+        raise ValueError(
+            f"{model_dir}: the reference forward reads unquantized weights and compressed-tensors "
+            f"pack-quantized weight-only ones, not {q.get('quant_method')}/{q.get('format')}: "
+            "set extract.reference_forward: never, or point target.path at an unquantized copy"
+        )
+    return groups[0]["weights"]
+
+
+def dequantized(state: dict, weights_args: dict) -> dict:
+    """``state`` with every packed Linear (``weight_packed``, ``weight_scale``,
+    ``weight_shape``) replaced by the float32 ``weight`` the quantized kernel computes with:
+    the reference then checks the served kernels, not the quantization."""
+    import torch
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights_args))
+    suffixes = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+    out = {k: v for k, v in state.items() if not k.endswith(suffixes)}
+    for key in state:
+        if key.endswith("weight_packed"):
+            base = key[: -len("weight_packed")]
+            parts = {s: state[base + s] for s in suffixes if base + s in state}
+            parts["weight_scale"] = parts["weight_scale"].to(torch.float32)
+            out[base + "weight"] = PackedQuantizationCompressor.decompress(parts, scheme)["weight"]
+    return out
 
 
 def fuse_experts(state: dict, wanted) -> dict:
