@@ -18,8 +18,9 @@ from extraction_fixtures import extracted, greedy_dataset  # noqa: F401  (sessio
 from train_fixtures import dflash_run, fixture_data, resumed_run  # noqa: F401  (session fixtures)
 
 # the tiers and their watch (tests/tiers.py); the whole-DAG runs shared by several modules,
-# made in the background (tests/dag_runs.py)
-pytest_plugins = ["tiers", "dag_runs"]
+# made in the background (tests/dag_runs.py); with --full, the light modules in a second
+# process beside this one (tests/lane.py)
+pytest_plugins = ["tiers", "dag_runs", "lane"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -5,6 +5,7 @@ every CI run, in $CI_OUT beside the JUnit file.
     .venv/bin/python tests/durations.py RUN.xml --command "..." --note "what else ran" \
         [--revision "$(git describe --always --dirty)"] > out.md
 
+The side lane's JUnit XML (``RUN.lane.xml``, tests/lane.py) is read too when it is there.
 Each test's seconds are its set-up, call and tear-down together (pytest's JUnit default), so
 a session fixture's cost lands on the first test that asks for it. The quick tier is what plain
 `pytest` selects (`pytest --collect-only -q`, run here unless ``--quick`` gives its output).
@@ -112,6 +113,8 @@ def render(
     for name, value in attrs.get("properties", {}).items():
         if name.startswith("shared run "):
             lines.append(f"- {name} (made in the background, from the session's start): {value}")
+    if attrs.get("lane"):
+        lines.append(f"- side lane: {attrs['lane']}")
     if note:
         lines.append(f"- beside it: {note}")
     lines += [
@@ -158,6 +161,14 @@ def main() -> None:
     )
     args = ap.parse_args()
     attrs, cases = read_junit(args.junit)
+    lane = args.junit.with_suffix(".lane.xml")  # the side lane's tests (tests/lane.py)
+    if lane.exists():
+        lane_attrs, lane_cases = read_junit(lane)
+        cases += lane_cases
+        attrs["lane"] = (
+            f"{len(lane_cases)} tests in a second process beside the main one "
+            f"(tests/lane.py), {float(lane_attrs.get('time', 0)):.0f} s from its start"
+        )
     quick = quick_tier(args.quick)
     sys.stdout.write(render(attrs, cases, quick, args.command, args.note, args.revision))
 

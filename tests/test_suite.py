@@ -94,12 +94,17 @@ def test_ci_runs_the_readmes_test_command_and_keeps_every_tests_duration(tmp_pat
         '<testcase classname="tests.test_a" name="test_two" time="0.5"><failure/></testcase>'
         "</testsuite></testsuites>"
     )
-    # the stand-in pytest writes the JUnit file where --junitxml says, and names one of the
-    # two tests as the quick tier when asked to collect
+    lane = (
+        '<testsuites><testsuite name="pytest" time="4.0" timestamp="2026-01-01T00:00:01">'
+        '<testcase classname="tests.test_b" name="test_plan" time="3.0"/>'
+        "</testsuite></testsuites>"
+    )
+    # the stand-in pytest writes the JUnit file where --junitxml says and its side lane's
+    # beside it (tests/lane.py), and names one test as the quick tier when asked to collect
     pytest_stand_in = (
         'case "$*" in *--collect-only*) echo tests/test_a.py::test_one; exit 0;; esac\n'
-        'for a in "$@"; do case "$a" in --junitxml=*) '
-        f"echo '{junit}' > \"${{a#--junitxml=}}\";; esac; done"
+        'for a in "$@"; do case "$a" in --junitxml=*) x="${a#--junitxml=}"; '
+        f"echo '{junit}' > \"$x\"; echo '{lane}' > \"${{x%.xml}}.lane.xml\";; esac; done"
     )
     for script, body in (
         ("scripts/setup.sh", "exit 0"),
@@ -120,7 +125,9 @@ def test_ci_runs_the_readmes_test_command_and_keeps_every_tests_duration(tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "out" / "durations.md").read_text()
-    assert "- command: `.ci/run `" in page and "2 tests: 1 failure, 1 passed" in page
+    assert "- command: `.ci/run `" in page and "3 tests: 1 failure, 2 passed" in page
+    assert "- side lane: 1 tests in a second process beside the main one" in page
     assert "- revision: unknown\n" in page  # what .ci/run saw before the tests (no git here)
     assert "| 10.0 | Q | tests/test_a.py::test_one |" in page
-    assert "| tests/test_a.py | 2 | 10.5 | 100.0% |" in page
+    assert "| tests/test_a.py | 2 | 10.5 | 77.8% |" in page
+    assert "| 3.0 |  | tests/test_b.py::test_plan |" in page
