@@ -102,11 +102,11 @@ def run_part(
             probe = NextTokenProbe(target["model_path"], arch, cfg["verify_device"])
             ex = Extractor(ds, book, probe, layer_ids, arch["hidden_size"], cfg, staging)
             spec = server_spec(vllm_cfg, target, layer_ids, staging, cfg)
-            progress = Progress(
-                len(rows), f"extract part {part}", unit="samples", done=len(book.done)
-            )
             with VllmServer(spec, log_path) as server:
-                clock.ready(progress)
+                clock.ready()
+                progress = Progress(
+                    len(rows), f"extract part {part}", unit="samples", done=len(book.done)
+                )
                 asyncio.run(
                     ex.run(server.base_url, server.model_name, todo, progress, server.check_alive)
                 )

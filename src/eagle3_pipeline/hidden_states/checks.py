@@ -305,8 +305,6 @@ def dequantized(state: dict, weights_args: dict) -> dict:
     """``state`` with every packed Linear (``weight_packed``, ``weight_scale``,
     ``weight_shape``) replaced by the float32 ``weight`` the quantized kernel computes with:
     the reference then checks the served kernels, not the quantization."""
-    import torch
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights_args))
@@ -316,9 +314,18 @@ def dequantized(state: dict, weights_args: dict) -> dict:
         if key.endswith("weight_packed"):
             base = key[: -len("weight_packed")]
             parts = {s: state[base + s] for s in suffixes if base + s in state}
-            parts["weight_scale"] = parts["weight_scale"].to(torch.float32)
-            out[base + "weight"] = PackedQuantizationCompressor.decompress(parts, scheme)["weight"]
+            out[base + "weight"] = unpack_linear(parts, scheme)
     return out
+
+
+def unpack_linear(parts: dict, scheme):
+    """The float32 weight [out, in] of one packed Linear (``weight_packed``, ``weight_scale``,
+    ``weight_shape``) under a compressed-tensors ``scheme``."""
+    import torch
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+
+    state = {**parts, "weight_scale": parts["weight_scale"].to(torch.float32)}
+    return PackedQuantizationCompressor.decompress(state, scheme)["weight"]
 
 
 def fuse_experts(state: dict, wanted) -> dict:

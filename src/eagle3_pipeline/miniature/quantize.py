@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from ..hidden_states.checks import unpack_linear
 from . import config as cfg
 
 ROUTED_EXPERT = re.compile(r"mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
@@ -58,12 +59,7 @@ def quantize_tensor(weight, sch=None) -> dict:
 
 def dequantize_tensor(packed: dict):
     """The float32 weight a W4A16 kernel computes with (for checks)."""
-    import torch
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-
-    state = {k: v for k, v in packed.items()}
-    state["weight_scale"] = state["weight_scale"].to(torch.float32)
-    return PackedQuantizationCompressor.decompress(state, scheme())["weight"]
+    return unpack_linear(packed, scheme())
 
 
 def quantize_experts(tensors: dict) -> tuple[dict, dict]:

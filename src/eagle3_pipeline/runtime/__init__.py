@@ -149,16 +149,15 @@ class Progress:
 
 class StageClock:
     """A stage's wall time, split where its server answers: a rate divides by the work after
-    that moment, so a two-minute server start does not read as slow generation."""
+    that moment, so a two-minute server start does not read as slow generation (the stages
+    make their :class:`Progress` there too, for its rate and ETA)."""
 
     def __init__(self):
         self.t0 = time.monotonic()
         self.t_ready: float | None = None
 
-    def ready(self, progress: Progress | None = None) -> None:
+    def ready(self) -> None:
         self.t_ready = time.monotonic()
-        if progress is not None:  # its rate and ETA count from here too
-            progress.t0 = progress.last = self.t_ready
 
     def split(self) -> dict:
         """``server_start_s``: from the stage's start until the server answered (0 when none

@@ -138,11 +138,11 @@ def run_part(
             request = writer(
                 tokenizer, synth_cfg.get("chat_template_kwargs") or {}, chat_template_text(target)
             )
-            progress = Progress(
-                steps, f"prompts_write part {part}", unit="requests", done=steps - len(todo)
-            )
             with open_endpoints(synth_cfg, vllm_cfg, target, log_path) as endpoints:
-                clock.ready(progress)
+                clock.ready()
+                progress = Progress(
+                    steps, f"prompts_write part {part}", unit="requests", done=steps - len(todo)
+                )
                 outcome = asyncio.run(
                     generate(
                         endpoints,

@@ -140,14 +140,14 @@ def run_part(
     journal = store.journal(part, parts)
     try:
         if todo:
-            progress = Progress(
-                work.requests,
-                f"synth part {part}",
-                unit="requests" if on_policy(cfg) else "samples",
-                done=work.reused + work.skipped,
-            )
             with open_endpoints(cfg, vllm_cfg, target, log_path) as endpoints:
-                clock.ready(progress)
+                clock.ready()
+                progress = Progress(
+                    work.requests,
+                    f"synth part {part}",
+                    unit="requests" if on_policy(cfg) else "samples",
+                    done=work.reused + work.skipped,
+                )
                 if on_policy(cfg):
                     asking = generate_on_policy(
                         endpoints, todo, cfg, journal, progress, work.known, max_model_len
