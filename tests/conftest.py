@@ -29,6 +29,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # per start (benchmarks/cpu_server_start.py), and the suite starts dozens. The pipeline leaves
 # vLLM's default, which on a big CPU binds the worker's OpenMP threads to cores.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The workflow's code parses (staleness.code.parsed) for every Snakemake process of the suite in
+# the tests' cache, not the user's
+os.environ.setdefault("EAGLE3_CODE_CACHE", str(CACHE / "code"))
 
 
 @pytest.fixture(scope="session")

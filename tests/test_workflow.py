@@ -360,6 +360,31 @@ def test_code_fingerprint_sees_code_only(tmp_path):
     assert fp("d", "X = 1\n'note'\n") != fp("e", "X = 1\n'other'\n")
 
 
+def test_code_parses_are_kept_by_content(tmp_path, monkeypatch):
+    """A plan parses a file once per content: the cache's entry is what a later plan reads, an
+    edit is parsed anew, and a damaged entry or a cache that cannot be written is passed over."""
+    from eagle3_pipeline.staleness import code
+
+    parse = code.parsed.__wrapped__  # past the per-process memo, as a new plan
+    monkeypatch.setenv("EAGLE3_CODE_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "stage.py"
+    source.write_text("from eagle3_pipeline.vocab import build\n\nX = 1\n")
+    fresh = parse(source)
+    assert fresh["imports"] == [[0, "eagle3_pipeline.vocab", ["build"]]]
+    (entry,) = (tmp_path / "cache").iterdir()
+    entry.write_text(json.dumps({**fresh, "fingerprint": "planted"}))
+    assert parse(source)["fingerprint"] == "planted"  # read back, not parsed again
+    source.write_text("from eagle3_pipeline.vocab import build\n\nX = 2\n")
+    edited = parse(source)
+    assert edited["fingerprint"] not in ("planted", fresh["fingerprint"])
+    entry.write_text("{")  # torn
+    source.write_text("from eagle3_pipeline.vocab import build\n\nX = 1\n")
+    assert parse(source) == fresh
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("EAGLE3_CODE_CACHE", str(tmp_path / "a_file" / "cache"))
+    assert parse(source) == fresh
+
+
 def test_infrastructure_is_a_boundary_of_a_stages_code():
     """config imports the train stage's CPU/GPU rule for its checks; that does not make every
     script that reads the config depend on training code."""

@@ -27,6 +27,10 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 from ..methods import METHODS
@@ -41,6 +45,10 @@ INFRASTRUCTURE = "infrastructure"
 # computes.
 INFRASTRUCTURE_PACKAGES = ("config", "plan", "runtime", "server", "staleness")
 METHODS_PACKAGE = "methods"
+# What a file's parse gives (its imports, its fingerprint) is kept by the file's content, so
+# that a dry run parses only the files edited since the last one (the parse is most of the
+# time a plan spends on code); the Python version is in the key, as ast.dump's text is its.
+PARSE_FORMAT = "eagle3-code-parse/1"
 
 
 def role(module: str) -> str:
@@ -117,10 +125,55 @@ class LabImportError(ValueError):
         )
 
 
-@functools.cache  # each module is parsed once per plan, however many rules import it
+def parse_cache_dir() -> Path:
+    """Where parses are kept: $EAGLE3_CODE_CACHE, else the user's cache folder."""
+    if os.environ.get("EAGLE3_CODE_CACHE"):
+        return Path(os.environ["EAGLE3_CODE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "eagle3-pipeline" / "code"
+
+
+def _raw_imports(tree: ast.AST) -> list[list]:
+    """Each import statement of a file as [level, module, names] (names None: ``import x``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [[0, alias.name, None] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append([node.level, node.module, [a.name for a in node.names]])
+    return found
+
+
+@functools.cache  # each file is read once per plan, however many rules import it
+def parsed(path: Path) -> dict:
+    """A Python file's ``imports`` (:func:`_raw_imports`) and ``fingerprint`` (its syntax
+    tree without docstrings, hashed: comments, docstrings and formatting do not change it;
+    ``ast.dump`` leaves out line and column numbers), from the cache when its content was
+    parsed before. A cache that cannot be read or written is passed over."""
+    source = Path(path).read_bytes()
+    key = hashlib.sha256(f"{PARSE_FORMAT} {sys.version_info[:2]}\n".encode() + source)
+    entry = parse_cache_dir() / f"{key.hexdigest()}.json"
+    try:
+        return json.loads(entry.read_text())
+    except (OSError, ValueError):
+        pass
+    tree = ast.parse(source, filename=str(path))
+    imports = _raw_imports(tree)
+    fingerprint = hashlib.sha256(ast.dump(_strip_docstrings(tree)).encode()).hexdigest()
+    result = {"imports": imports, "fingerprint": fingerprint}
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, delete=False) as tmp:
+            json.dump(result, tmp)
+        os.replace(tmp.name, entry)  # whole or absent, whoever reads it meanwhile
+    except OSError:
+        pass
+    return result
+
+
+@functools.cache
 def _imported_modules(path: Path) -> frozenset[str]:
     """Library modules that the file ``path`` imports (absolute or relative imports)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     me = _module_name(path)
     if me is None:
         package = None  # a workflow script: only absolute imports reach the library
@@ -129,26 +182,21 @@ def _imported_modules(path: Path) -> frozenset[str]:
     else:
         package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                first, _, rest = alias.name.partition(".")
-                if first == LAB_PACKAGE:
-                    raise LabImportError(path, alias.name)
-                if first == PACKAGE and rest:
-                    found.add(rest)
-        elif isinstance(node, ast.ImportFrom):
-            names = [a.name for a in node.names]
-            if node.level == 0 and node.module and node.module.split(".")[0] == LAB_PACKAGE:
-                raise LabImportError(path, node.module)
-            if node.level == 0 and node.module and node.module.split(".")[0] == PACKAGE:
-                base = node.module.partition(".")[2]
-                found |= _resolve(base, names)
-            elif node.level and package is not None:
-                parts = package.split(".") if package else []
-                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
-                base = ".".join(parts + ([node.module] if node.module else []))
-                found |= _resolve(base, names)
+    for level, module, names in parsed(path)["imports"]:
+        if names is None:
+            first, _, rest = module.partition(".")
+            if first == LAB_PACKAGE:
+                raise LabImportError(path, module)
+            if first == PACKAGE and rest:
+                found.add(rest)
+        elif level == 0 and module and module.split(".")[0] == LAB_PACKAGE:
+            raise LabImportError(path, module)
+        elif level == 0 and module and module.split(".")[0] == PACKAGE:
+            found |= _resolve(module.partition(".")[2], names)
+        elif level and package is not None:
+            parts = package.split(".") if package else []
+            parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+            found |= _resolve(".".join(parts + ([module] if module else [])), names)
     return frozenset(m for name in found for m in _with_parents(name) if module_file(m))
 
 
@@ -166,12 +214,9 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-@functools.cache
 def code_fingerprint(path: Path) -> str:
-    """Hash of a Python file's syntax tree without docstrings: comments, docstrings and
-    formatting do not change it (``ast.dump`` leaves out line and column numbers)."""
-    tree = _strip_docstrings(ast.parse(path.read_text(), filename=str(path)))
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    """Hash of a Python file's syntax tree without docstrings (:func:`parsed`)."""
+    return parsed(Path(path))["fingerprint"]
 
 
 @functools.cache
