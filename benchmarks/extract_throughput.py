@@ -42,7 +42,7 @@ from eagle3_lab.dummy_models import DUMMY_SHAPES, dummy_target, packaged_target_
 from eagle3_lab.results import write_result
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline import extract, target
-from eagle3_pipeline.engine.spec import spec_from_config
+from eagle3_pipeline.engine.spec import shared_gpu_args, spec_from_config
 from eagle3_pipeline.extract.client import SWITCH_INTERVAL_S, request_hidden_states
 from eagle3_pipeline.runtime import Progress, setup_logging
 from eagle3_pipeline.runtime.provenance import package_versions
@@ -162,8 +162,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--gpu-memory-utilization",
-        help="override the config's share of GPU memory (an 8B target needs more than the "
-        "135M configs leave it)",
+        help="override the config's share of GPU memory for each of the two servers (default "
+        "on a GPU: half of what the config gives one server; an 8B target needs more than "
+        "the 135M configs leave it)",
     )
     ap.add_argument(
         "--python-switch-interval",
@@ -242,6 +243,11 @@ def main() -> None:
         capture_spec = extract.server_spec(cfg["vllm"], info, layer_ids, staging, cfg["extract"])
         capture_spec.extra_args += extra
         bare_spec = spec_from_config(cfg["vllm"], info["model_path"], extra_args=extra)
+        if cfg["vllm"]["device"] != "cpu" and not args.gpu_memory_utilization:
+            # both servers are up together on one GPU: each gets half the share one would
+            for spec in (capture_spec, bare_spec):
+                spec.extra_args = shared_gpu_args(spec.extra_args, 2)
+            print(f"two servers on one GPU: {' '.join(bare_spec.extra_args[-2:])} each")
         probe = extract.NextTokenProbe(info["model_path"], arch, cfg["extract"]["verify_device"])
         logs = Path(tempfile.gettempdir())
         done = [0]

@@ -409,6 +409,12 @@ OTHER_CHECKS = [
         "held-out τ {f.runs.where(prompt_set='heldout', k=3, temperature=0.0).acceptance_length"
         "|.2f}, predicted {f.runs.where(prompt_set='heldout').predicted_acceptance_length|.2f}",
     ),
+    c(
+        "gpu_runs/kimi-miniature-w4a16-h100/mla_extraction.json",
+        "every layer it captured lies "
+        "{span(f.rel_error_vs_transformers_fp32.value.values())|.3f} from the float32 "
+        "forward",
+    ),
 ]
 
 
