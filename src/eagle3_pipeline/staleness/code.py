@@ -48,7 +48,7 @@ METHODS_PACKAGE = "methods"
 # What a file's parse gives (its imports, its fingerprint) is kept by the file's content, so
 # that a dry run parses only the files edited since the last one (the parse is most of the
 # time a plan spends on code); the Python version is in the key, as ast.dump's text is its.
-PARSE_FORMAT = "eagle3-code-parse/1"
+PARSE_FORMAT = "pipeline-code-parse/1"
 
 
 def role(module: str) -> str:
