@@ -82,7 +82,8 @@ def main() -> None:
                     )
                 )
 
-        cold_name = "snakemake -n  (prompts n=10, extract.jobs=1), code parses not cached"
+        smallest, largest = cases[1][0], cases[-1][0]
+        cold_name = f"{smallest}, code parses not cached"
         timed(cases[1][1], env)  # the cache the other dry runs read
         results = {}
         for r in range(args.repeats):  # interleaved, so load changes hit every case alike
@@ -110,8 +111,8 @@ def main() -> None:
         rows.append({"command": name, "wall_s_median": wall, "cpu_s_median": cpu})
         if name not in (cases[0][0], cold_name):
             worst = max(worst, cpu / ref_cpu)
-    small = statistics.median(c for _, c in results[cases[1][0]])
-    large = statistics.median(c for _, c in results[cases[-2][0]])
+    small = statistics.median(c for _, c in results[smallest])
+    large = statistics.median(c for _, c in results[largest])
     cold = statistics.median(c for _, c in results[cold_name])
     print(
         f"\nlargest (n=10000, jobs=8) / smallest (n=10, jobs=1) dry run, CPU: {large / small:.2f}x"

@@ -161,13 +161,17 @@ def parsed(path: Path) -> dict:
     imports = _raw_imports(tree)
     fingerprint = hashlib.sha256(ast.dump(_strip_docstrings(tree)).encode()).hexdigest()
     result = {"imports": imports, "fingerprint": fingerprint}
+    # whole or absent, whoever reads it meanwhile (not runtime.files.write_json: an entry
+    # lost with the machine is parsed again, so no fsync per file of a first plan)
+    tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=entry.parent, delete=False) as tmp:
             json.dump(result, tmp)
-        os.replace(tmp.name, entry)  # whole or absent, whoever reads it meanwhile
+        os.replace(tmp.name, entry)
     except OSError:
-        pass
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)
     return result
 
 
