@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..runtime.threads import cpu_wait_policy
 from ..server import guard as server_guard
 from . import entry as training_process  # noqa: F401  (run by the launch: in the code hash)
 from .errors import TrainError
@@ -128,6 +129,7 @@ def child_env(gpus: int, devices: list[str] | None = None) -> dict[str, str]:
     if gpus <= 0:
         # half the cores: the rest stay free for data loading and other jobs (docs/dependencies.md)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+        env = cpu_wait_policy(env)
     return env
 
 
