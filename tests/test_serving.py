@@ -259,26 +259,3 @@ def test_the_served_dtype_reaches_the_server(vllm_server):
     argv = vllm_server.argv(vllm_server.port)
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert "dtype=torch.float32," in vllm_server.log_text()
-
-
-def test_cpu_processes_sleep_when_idle_unless_told_otherwise(monkeypatch, tmp_path):
-    """A CPU server's and a CPU training's OpenMP threads sleep when idle (PASSIVE), unless the
-    environment or the server's vllm.env names a policy; an empty value leaves the library's
-    default. GPU servers are left alone."""
-    from eagle3_pipeline.runtime.threads import cpu_wait_policy
-    from eagle3_pipeline.server import vllm_environment
-    from eagle3_pipeline.train.launcher import child_env
-
-    assert cpu_wait_policy({})["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert cpu_wait_policy({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert "OMP_WAIT_POLICY" not in cpu_wait_policy({"OMP_WAIT_POLICY": " "})
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert vllm_environment("cpu", 1, tmp_path)["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in vllm_environment("cuda", 1, tmp_path)
-    own = vllm_environment("cpu", 1, tmp_path, extra={"OMP_WAIT_POLICY": ""})
-    assert "OMP_WAIT_POLICY" not in own
-    assert child_env(0)["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in child_env(1)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert child_env(0)["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert vllm_environment("cpu", 1, tmp_path)["OMP_WAIT_POLICY"] == "ACTIVE"

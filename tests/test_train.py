@@ -610,3 +610,23 @@ def test_export_reloads_with_speculators_and_vllm_config(resumed_run, target_dir
     assert vcfg["draft_vocab_size"] == 1024 and vcfg["layer_types"] == ["full_attention"]
     spec = base.SpeculatorsConfig.extract_vllm_speculative_config(raw)
     assert spec == {"method": "eagle3", "num_speculative_tokens": 3}
+
+
+def test_cpu_training_threads_sleep_when_idle_unless_told_otherwise(monkeypatch, tmp_path):
+    """CPU training's OpenMP threads sleep when idle (PASSIVE), unless the environment names a
+    policy; an empty value leaves the library's default. GPU training and CPU servers keep the
+    library's default (benchmarks/cpu_openmp_wait.py: sleeping made CPU decoding slower)."""
+    from eagle3_pipeline.runtime.threads import cpu_wait_policy
+    from eagle3_pipeline.server import vllm_environment
+
+    assert cpu_wait_policy({})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert cpu_wait_policy({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "OMP_WAIT_POLICY" not in cpu_wait_policy({"OMP_WAIT_POLICY": " "})
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert launcher.child_env(0)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in launcher.child_env(1)
+    assert "OMP_WAIT_POLICY" not in vllm_environment("cpu", 1, tmp_path)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert launcher.child_env(0)["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "")
+    assert "OMP_WAIT_POLICY" not in launcher.child_env(0)

@@ -1,17 +1,17 @@
-"""OpenMP threads of the pipeline's CPU processes (vLLM servers, training).
+"""OpenMP threads of the pipeline's CPU training.
 
-By default an OpenMP thread that finishes its share of a parallel region keeps a core busy for a
-while before it sleeps (libgomp spins, Intel's OpenMP waits KMP_BLOCKTIME, 200 ms), betting that
-the next region follows at once and that the core is its own. Jobs that share cores lose that
-bet: Snakemake runs jobs side by side (two synth parts, a train job beside an extraction), and
-each one's spinning threads take the core from the others. Measured on 2 cores with two busy
-processes beside it (benchmarks/cpu_openmp_wait.py, docs/dependencies.md "OpenMP on the CPU"):
-training spent about twice the CPU seconds spinning and took longer; alone, sleeping threads
-cost it little.
+By default an OpenMP thread that finishes its share of a parallel region keeps its core busy a
+while before it sleeps (libgomp spins), betting that the next region follows at once and that
+the core is its own. A train job that shares its cores loses that bet: Snakemake runs jobs side
+by side, and the spinning threads take the cores from the others and from training itself.
+Beside two busy processes on 2 cores, the CI run's training took 0.62-0.65x the wall time and
+0.54-0.56x the CPU seconds with threads that sleep at once; alone, the same wall time
+(benchmarks/cpu_openmp_wait.py; docs/dependencies.md, "Threads of CPU training"). A vLLM
+server on the CPU decodes in many short parallel regions: there, sleeping threads made the
+answers 1.25-1.38x slower alone, so servers keep the library's default.
 
-So the pipeline's CPU processes get ``OMP_WAIT_POLICY=PASSIVE`` (both libraries sleep at
-once), unless the environment names a policy; an empty value leaves each library its own
-default.
+So CPU training gets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment names a policy; an empty
+value leaves the library its own default.
 """
 
 from __future__ import annotations

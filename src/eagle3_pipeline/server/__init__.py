@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.spec import ServerSpec
-from ..runtime.threads import cpu_wait_policy
 from . import client as client_lib
 from . import guard as server_guard
 
@@ -137,9 +136,8 @@ def vllm_environment(
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment a vLLM process of the pipeline runs in: offline, no usage stats, its
-    compile cache; on the CPU its KV cache size, one OpenMP thread unbound, Intel's OpenMP
-    preloaded (vLLM's CPU speculative decoding is much faster with it) and threads that sleep
-    when idle (runtime.threads); ``extra`` last."""
+    compile cache; on the CPU its KV cache size, one OpenMP thread unbound and Intel's OpenMP
+    preloaded (vLLM's CPU speculative decoding is much faster with it); ``extra`` last."""
     env = dict(os.environ)
     env.update(
         {
@@ -162,8 +160,6 @@ def vllm_environment(
         if preload:
             env["LD_PRELOAD"] = preload
     env.update(extra or {})
-    if device == "cpu":
-        env = cpu_wait_policy(env)
     return server_guard.with_package_on_path(env)
 
 
