@@ -1,6 +1,7 @@
 """The side lane: with ``--full`` over the whole suite, the modules that start no server, no
 training and read no shared run (dry-run plans, configs, documented commands, interrupted
-Snakemake runs of stand-in jobs) run in a second pytest process beside this one.
+Snakemake runs of stand-in jobs, unit tests of a few seconds and more) run in a second pytest
+process beside this one.
 
 Why: the suite is CPU-bound on 2 cores. While the whole-DAG runs are made in the background
 (tests/dag_runs.py) both cores are busy; once they are done, the tests that are left run one
@@ -12,7 +13,8 @@ The lane runs the same pytest with the same options on whole files (:data:`MODUL
 output goes to ``side_lane/lane.log`` in the session's temporary directory, its JUnit XML beside
 this session's (``<name>.lane.xml``, which tests/durations.py reads too); this session waits
 for it at its end, prints its summary, and fails when it failed. A module of the list that
-holds a test with a server, training, e2e or slurm mark stays in this session whole.
+holds a test with a server, training, e2e or slurm mark stays in this session whole, unless its
+servers are its own (:data:`OWN_SERVERS`).
 ``EAGLE3_TESTS_LANE=off`` keeps every test in one process.
 """
 
@@ -39,8 +41,20 @@ MODULES = (
     "test_config.py",
     "test_tiers.py",
     "test_bad_input_generated.py",
+    "test_reuse.py",
+    "test_extract_unit.py",
+    "test_bad_input.py",
+    "test_online_unit.py",
+    "test_pool_clean.py",
+    "test_client.py",
+    "test_reasoning_templates.py",
+    "test_prompt_suites.py",
+    "test_reasoning_check.py",
 )
 HEAVY = {"server", "training", "e2e", "slurm"}
+# modules of MODULES whose servers are their own: their whole-DAG run starts them, no session
+# fixture it shares with this session does (in the lane it would be made twice)
+OWN_SERVERS = {"test_reasoning_check.py"}
 _LANE = pytest.StashKey[dict]()
 
 
@@ -66,7 +80,7 @@ def lane_files(items) -> list[Path]:
         for path, group in by_file.items()
         if path.name in MODULES
         and path.parent == HERE
-        and not any(tiers.derived_marks(i) & HEAVY for i in group)
+        and (path.name in OWN_SERVERS or not any(tiers.derived_marks(i) & HEAVY for i in group))
     ]
 
 
