@@ -16,6 +16,9 @@ def c(files, text: str) -> Claim:
 SPEED_2441 = f"{RUN_2441}h200_drafter_speed.json"
 SPEED_BLOCKS = "gpu_runs/gpu-methods-blocks/h200_drafter_speed.json"
 CPU_9886 = "methods/gpu-methods_cpu_tau.json"
+W4A16_BENCH = "gpu_runs/kimi-miniature-w4a16-h100-drafter/bench/eagle3/metrics.json"
+# every round's speedup over the sets the W4A16 miniature's drafter was benchmarked on
+W4A16_SPEEDUPS = "{span([x for r in f.runs.value for x in r['speedup_range']])|.2f}"
 
 
 def taus(alias: str, method: str, k: int, key: str = "rows", sets=tuple(SETS)) -> str:
@@ -414,6 +417,47 @@ OTHER_CHECKS = [
         "every layer it captured lies "
         "{span(f.rel_error_vs_transformers_fp32.value.values())|.3f} from the float32 "
         "forward",
+    ),
+    c(
+        W4A16_BENCH,
+        "measured τ {f.runs.where(prompt_set='mtbench').acceptance_length|.2f} on MT-Bench and "
+        "{f.runs.where(prompt_set='heldout').acceptance_length|.2f} held-out, predicted "
+        "{f.runs.where(prompt_set='heldout').predicted_acceptance_length|.2f}, and slows this "
+        f"8-layer target ({W4A16_SPEEDUPS}× over {{f.rounds}} rounds)",
+    ),
+]
+
+W4A16_RUN = "gpu_runs/kimi-miniature-w4a16-h100-drafter/"
+MINIATURE_W4A16 = [
+    Claim(
+        "docs/miniature.md",
+        {
+            "t": W4A16_RUN + "drafter/metrics.json",
+            "f": W4A16_RUN + "bench/eagle3/metrics.json",
+            "x": W4A16_RUN + "extract_bf16_rounds.json",
+        },
+        "the best the last (validation loss {t.epochs[0].val.loss|.2f} to "
+        "{t.epochs[t.best_epoch].val.loss|.2f}); at k = 3, T = 0, concurrency 1, τ "
+        "{f.runs.where(prompt_set='mtbench').acceptance_length|.2f} on MT-Bench, "
+        "{f.runs.where(prompt_set='humaneval').acceptance_length|.2f} on HumanEval and "
+        "{f.runs.where(prompt_set='heldout').acceptance_length|.2f} on the held-out set, predicted "
+        "{f.runs.where(prompt_set='heldout').predicted_acceptance_length|.2f} from training",
+    ),
+    Claim(
+        "docs/miniature.md",
+        W4A16_RUN + "bench/eagle3/metrics.json",
+        f"this 8-layer target slower, {W4A16_SPEEDUPS}× over {{f.rounds}} alternating rounds",
+    ),
+    Claim(
+        "docs/miniature.md",
+        W4A16_RUN + "extract_bf16_rounds.json",
+        "{f.tokens|,} tokens, {len(f.rounds.value)} alternating rounds",
+    ),
+    Claim(
+        "docs/miniature.md",
+        W4A16_RUN + "extract_bf16_rounds.json",
+        "extraction runs at {f.ratio_per_round.min|.2f}–{f.ratio_per_round.max|.2f}× the bare "
+        "prefill's token rate (median of per-round ratios {f.ratio_per_round.median|.2f})",
     ),
 ]
 
