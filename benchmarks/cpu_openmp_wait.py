@@ -1,7 +1,7 @@
 """What OpenMP's wait policy costs the pipeline's CPU processes, alone on the machine and beside
 processes that take its cores (two busy loops, as a second job or test would): the library
 default (OMP_WAIT_POLICY unset: libgomp spins a while, Intel's OpenMP 200 ms, before a thread
-sleeps) against PASSIVE (threads sleep at once), which the pipeline sets
+sleeps) against PASSIVE (threads sleep at once), which the pipeline sets for CPU training
 (eagle3_pipeline/runtime/threads.py).
 
     PYTHONPATH=src .venv/bin/python benchmarks/cpu_openmp_wait.py --run RUN_DIR --rounds 3 \\
@@ -24,25 +24,25 @@ import contextlib
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
 from eagle3_lab.results import write_result
+from eagle3_lab.rounds import spread
 from eagle3_pipeline import config as cfglib
 from eagle3_pipeline.bench.stage import speculative_config
 from eagle3_pipeline.engine.spec import spec_for_target
 from eagle3_pipeline.runtime.files import read_json
 from eagle3_pipeline.server import VllmServer
+from eagle3_pipeline.server import client as client_lib
 
 REPO = Path(__file__).resolve().parents[1]
-# OMP_WAIT_POLICY per setting: empty leaves each OpenMP library its default (runtime.threads)
+# OMP_WAIT_POLICY per setting: empty leaves it unset, each OpenMP library's own default
 POLICIES = {"library default": "", "PASSIVE": "PASSIVE"}
 LOADS = ("alone", "beside 2 busy processes")
 PROMPTS = [
@@ -68,7 +68,12 @@ def load(name: str):
 
 
 def thread_env(policy: str) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(os.cpu_count() or 1), "OMP_WAIT_POLICY": policy}
+    """What a process of the benchmark runs with beyond this one's environment (which holds no
+    OMP_WAIT_POLICY: main removes it)."""
+    env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
+    return env
 
 
 def train_once(job_path: Path, epochs: int, policy: str, tmp: Path) -> dict:
@@ -82,8 +87,6 @@ def train_once(job_path: Path, epochs: int, policy: str, tmp: Path) -> dict:
     save.mkdir()
     (save / "job.json").write_text(json.dumps(job))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **thread_env(policy))
-    if not policy:
-        env.pop("OMP_WAIT_POLICY")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     with open(save / "train.log", "wb") as log:
@@ -107,20 +110,15 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def answer(base_url: str, model: str, prompt: str) -> str:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 64,
-        "temperature": 0,
-    }
-    request = urllib.request.Request(
-        base_url + "/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    return json.loads(urllib.request.urlopen(request, timeout=600).read())["choices"][0]["message"][
-        "content"
-    ]
+    """One greedy chat answer of 64 tokens."""
+    with client_lib.sync_client(base_url, timeout=600, max_retries=0) as client:
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=64,
+            temperature=0,
+        )
+    return reply.choices[0].message.content
 
 
 def serve(run: Path, method: str, policy: str, tmp: Path) -> VllmServer:
@@ -156,10 +154,6 @@ def serve_rounds(run: Path, method: str, policy: str, tmp: Path) -> dict[str, di
     return out
 
 
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summarize(rows: list[dict], workload: str, where: str) -> dict:
     """Each policy's spread of wall and CPU seconds for one workload and load, and PASSIVE's
     ratio to the library default per round."""
@@ -188,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/tests/cpu_openmp_wait.json"))
     args = ap.parse_args(argv)
+    os.environ.pop("OMP_WAIT_POLICY", None)  # the library default is the variable unset
     method = args.method or next(p.name for p in (args.run / "drafter").iterdir())
     job = args.run / "train_work" / method / "job.json"
     rows: list[dict] = []
