@@ -434,7 +434,6 @@ MINIATURE_W4A16 = [
         {
             "t": W4A16_RUN + "drafter/metrics.json",
             "f": W4A16_RUN + "bench/eagle3/metrics.json",
-            "x": W4A16_RUN + "extract_bf16_rounds.json",
         },
         "the best the last (validation loss {t.epochs[0].val.loss|.2f} to "
         "{t.epochs[t.best_epoch].val.loss|.2f}); at k = 3, T = 0, concurrency 1, τ "
