@@ -345,12 +345,18 @@ curve() {
 # (benchmarks/serve_features.py), then the bench in rounds and the report; its servers' logs
 # name the MLA backend and the MoE method vLLM picked.
 #   start facts km_data,km_train,km_features,km_bench,km_mla_check,km_extract_rates
+# or the extraction rates alone, fp8 storage:  KM_RATES_STORAGE=fp8 start km_rows,km_extract_rates
 KM_CFG=(--configfile config/kimi-k2.5.yaml lab/configs/gpu_kimi_miniature.yaml)
 KM=results/kimi-miniature
 KM_MODEL=/tmp/w/repo/models/kimi-miniature  # target.path of lab/configs/gpu_kimi_miniature.yaml
 km_data() {  # refuses a bf16 export: the run is meant for Marlin WNA16 (lab/gpu/pack_miniature.sh)
   python3 lab/gpu/miniature_quantized.py "$KM_MODEL" || return
   smk km "${KM_CFG[@]}" --until extract_gather vocab prompts_bench
+}
+# the rows alone (synth and prepare), for km_extract_rates on a host that trains nothing
+km_rows() {
+  python3 lab/gpu/miniature_quantized.py "$KM_MODEL" || return
+  smk km "${KM_CFG[@]}" --until prepare
 }
 km_train() { smk km $KM/drafter/eagle3/metrics.json "${KM_CFG[@]}"; }
 km_features() {
@@ -365,11 +371,11 @@ km_mla_check() {
     --device cuda --out "$W/bench/gpu_mla_extraction_miniature.json"
 }
 # Extraction against a bare prefill of the same rows (benchmarks/extract_throughput.py), bf16
-# and fp8 storage, 3 rounds each, on the run's prepared rows
+# and fp8 storage (KM_RATES_STORAGE: one of them), 3 rounds each, on the run's prepared rows
 km_extract_rates() {
   python3 -c 'import sys, yaml; from eagle3_pipeline import config as c
 yaml.safe_dump(c.load_files(sys.argv[1:]), open("/tmp/w/km_config.yaml", "w"))' "${KM_CFG[@]:1}" || return
-  for storage in bf16 fp8; do
+  for storage in ${KM_RATES_STORAGE:-bf16 fp8}; do
     python3 benchmarks/extract_throughput.py --config /tmp/w/km_config.yaml \
       --target $KM/target/target.json --dataset $KM/prepare/dataset --rows 1024 \
       --concurrency 64 --rounds 3 --storage $storage \
