@@ -29,6 +29,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # per start (benchmarks/cpu_server_start.py), and the suite starts dozens. The pipeline leaves
 # vLLM's default, which on a big CPU binds the worker's OpenMP threads to cores.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# One vLLM cache for every server of the suite, the shared runs' jobs included (a Snakemake
+# run's servers would each take a cold .vllm_cache in their working directory): vLLM inspects
+# a model class in a subprocess of its own (about 8 s of CPU) unless the cache holds its
+# description, so with one cache that happens once per class instead of once per run.
+os.environ.setdefault("VLLM_CACHE_ROOT", str(CACHE / "vllm"))
 # The workflow's code parses (staleness.code.parsed) for every Snakemake process of the suite in
 # the tests' cache, not the user's
 os.environ.setdefault("EAGLE3_CODE_CACHE", str(CACHE / "code"))
