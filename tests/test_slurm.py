@@ -148,7 +148,7 @@ def test_a_synth_job_past_its_time_limit_says_what_it_kept(synth_interrupted, sl
 def test_after_a_timeout_a_cancelled_and_resubmitted_job_asks_only_for_the_rest(
     synth_interrupted, slurm
 ):
-    """The run again after the timeout (four requests at a time: an operational key, the same
+    """The run again after the timeout (eight requests at a time: an operational key, the same
     answers): its synth job is cancelled with scancel once it has journaled answers of its
     own, the profile resubmits it, and the resubmitted job answers only what neither stopped
     job had journaled; no answer is asked twice."""
