@@ -50,3 +50,43 @@ def test_a_result_records_the_revision_and_whether_the_tree_was_dirty(tmp_path):
     assert read_json(tmp_path / "r.json") == recorded
     assert recorded["figure"] == 1.5 and recorded["code"] == code_version()
     assert recorded["code"]["git"] and isinstance(recorded["code"]["dirty"], bool)
+
+
+def test_the_cpu_census_counts_what_each_kind_spent_while_it_ran():
+    """benchmarks/cpu_by_process.py: a process older than the command counts only what it spent
+    meanwhile, each by the kind its command line names; the idle share is per minute."""
+    spec = importlib.util.spec_from_file_location(
+        "cpu_census", REPO / "benchmarks/cpu_by_process.py"
+    )
+    census = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(census)
+    assert census.kind_of("python -m vllm.entrypoints.openai.api_server --model m", "python") == (
+        "vLLM API server"
+    )
+    assert census.kind_of("python -B -c from multiprocessing.spawn", "VLLM::EngineCor") == (
+        "vLLM engine core"
+    )
+    assert census.kind_of("python snakemake --snakefile S -n --forceall", "python") == (
+        "Snakemake dry run"
+    )
+    assert census.kind_of("python snakemake --snakefile S --cores 2", "python") == "Snakemake"
+    assert census.kind_of("", "kworker/0:1") == "kernel threads"
+    seen = {"first_s": 0.0, "last_s": 120.0, "name": "python"}
+    processes = {
+        (1, 5): {**seen, "cpu_at_first": 100.0, "cpu": 130.0, "cmdline": "python -m pytest"},
+        (2, 9): {**seen, "cpu_at_first": 0.0, "cpu": 10.0, "cmdline": "bash run.sh"},
+    }
+    tick = census.TICK
+    # (time, busy ticks, idle ticks): 2 cores, minute 1 all busy, minute 2 half idle
+    ticks = [(0.0, 0, 0), (60.0, 120 * tick, 0), (120.0, 180 * tick, 60 * tick)]
+    summary = census.summarize(processes, ticks, 0.0, 2)
+    assert summary["by_kind"]["pytest"] == {"cpu_s": 30.0, "processes": 1, "share": 0.75}
+    assert summary["by_kind"]["other"]["cpu_s"] == 10.0
+    assert summary["accounted_cpu_s"] == 40.0
+    assert summary["idle_share_by_minute"] == [0.0, 0.5]
+    assert summary["machine"] == {
+        "cores": 2,
+        "seconds": 120.0,
+        "busy_core_s": 180.0,
+        "idle_core_s": 60.0,
+    }
