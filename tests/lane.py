@@ -1,8 +1,7 @@
-"""The side lane: with ``--full`` over the whole suite, the modules that read no shared run and
-start no server or training of this session's (dry-run plans, configs, documented commands,
-interrupted Snakemake runs of stand-in jobs, unit tests of a few seconds and more, the thinking
-check and online extraction with servers of their own) run in a second pytest process beside
-this one.
+"""The side lane: with ``--full`` over the whole suite, the modules that start no server, no
+training and read no shared run (dry-run plans, configs, documented commands, interrupted
+Snakemake runs of stand-in jobs, unit tests of a few seconds and more) run in a second pytest
+process beside this one.
 
 Why: the suite is CPU-bound on 2 cores. While the whole-DAG runs are made in the background
 (tests/dag_runs.py) both cores are busy; once they are done, the tests that are left run one
@@ -14,8 +13,8 @@ The lane runs the same pytest with the same options on whole files (:data:`MODUL
 output goes to ``side_lane/lane.log`` in the session's temporary directory, its JUnit XML beside
 this session's (``<name>.lane.xml``, which tests/durations.py reads too); this session waits
 for it at its end, prints its summary, and fails when it failed. A module of the list that
-holds a test with a server, training, e2e or slurm mark stays in this session whole, unless it
-is named in :data:`SERVERS_ALLOWED`.
+holds a test with a server, training, e2e or slurm mark stays in this session whole, unless its
+servers are its own (:data:`OWN_SERVERS`).
 ``EAGLE3_TESTS_LANE=off`` keeps every test in one process.
 """
 
@@ -51,14 +50,11 @@ MODULES = (
     "test_reasoning_templates.py",
     "test_prompt_suites.py",
     "test_reasoning_check.py",
-    "test_online.py",
 )
 HEAVY = {"server", "training", "e2e", "slurm"}
-# modules of MODULES with servers that run in the lane all the same: those of the thinking
-# check are its own (its whole-DAG run starts them); online extraction's are its own but one,
-# the session's target server (vllm_server), made again in the lane: one server start against
-# the module's ten minutes of trainings, which would otherwise run here after the lane is done
-SERVERS_ALLOWED = {"test_reasoning_check.py", "test_online.py"}
+# modules of MODULES whose servers are their own: their whole-DAG run starts them, no session
+# fixture it shares with this session does (in the lane it would be made twice)
+OWN_SERVERS = {"test_reasoning_check.py"}
 _LANE = pytest.StashKey[dict]()
 
 
@@ -84,7 +80,7 @@ def lane_files(items) -> list[Path]:
         for path, group in by_file.items()
         if path.name in MODULES
         and path.parent == HERE
-        and (path.name in SERVERS_ALLOWED or not any(tiers.derived_marks(i) & HEAVY for i in group))
+        and (path.name in OWN_SERVERS or not any(tiers.derived_marks(i) & HEAVY for i in group))
     ]
 
 
