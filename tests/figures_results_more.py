@@ -558,3 +558,19 @@ THREADS = [
         "alone",
     )
 ]
+
+ENGINE = "f.by_kind['vLLM engine core']"
+CENSUS = [
+    c(
+        "tests/cpu_by_process_full.json",
+        "of {f.accounted_cpu_s|,.0f} CPU seconds counted, vLLM's engine cores "
+        f"{{{ENGINE}.cpu_s|,.0f}} ({{100 * {ENGINE}.share|.0f}}%, {{{ENGINE}.processes}} "
+        "processes) and API servers {f.by_kind['vLLM API server'].cpu_s|.0f}, trainings "
+        "{f.by_kind.training.cpu_s|.0f}, Snakemake's job scripts "
+        "{f.by_kind['Snakemake job script'].cpu_s|.0f} and dry runs "
+        "{f.by_kind['Snakemake dry run'].cpu_s|.0f}, the miniature's build "
+        '{f.by_kind["the miniature\'s build"].cpu_s|.0f}; the machine idled '
+        "{100 * lo(f.idle_share_by_minute.value[29:38])|.0f}–"
+        "{100 * hi(f.idle_share_by_minute.value[29:38])|.0f}% of each of the run's last 9 minutes",
+    )
+]
