@@ -17,6 +17,7 @@ about 1% of one core.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -122,13 +123,15 @@ def summarize(processes: dict, ticks: list, t0: float, cores: int) -> dict:
         }
         for spent, kind, pid, p in sorted(rows, key=lambda r: -r[0])[:30]
     ]
+    # the index of each minute's first sample, then the last sample's
+    starts = [0]
+    for k, (t, _, _) in enumerate(ticks):
+        while t - t0 >= 60 * len(starts):
+            starts.append(k)
+    starts.append(len(ticks) - 1)
     idle_by_minute = []
-    while True:
-        minute = len(idle_by_minute)
-        start = next((k for k, t in enumerate(ticks) if t[0] - t0 >= 60 * minute), None)
-        end = next((k for k, t in enumerate(ticks) if t[0] - t0 >= 60 * (minute + 1)), None)
-        end = len(ticks) - 1 if end is None else end
-        if start is None or end <= start:
+    for start, end in itertools.pairwise(starts):
+        if end <= start:
             break
         busy, idle = ticks[end][1] - ticks[start][1], ticks[end][2] - ticks[start][2]
         idle_by_minute.append(round(idle / (busy + idle), 3) if busy + idle else 0.0)

@@ -31,14 +31,21 @@ def writes(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_a_benchmark_loads_and_records_its_revision(path, monkeypatch):
+def load_benchmark(path: Path, monkeypatch):
+    """The benchmark script at ``path`` as a module: its definitions only (each runs main()
+    under __main__)."""
     name = f"benchmark_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.syspath_prepend(str(path.parent))  # as for a script: its neighbours import
-    spec.loader.exec_module(module)  # definitions only: each runs main() under __main__
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_a_benchmark_loads_and_records_its_revision(path, monkeypatch):
+    module = load_benchmark(path, monkeypatch)
     assert callable(getattr(module, "main", None))
     # every benchmark writes its result through write_result (other files it writes are
     # inputs it makes: configs, prompt files, model folders)
@@ -52,14 +59,10 @@ def test_a_result_records_the_revision_and_whether_the_tree_was_dirty(tmp_path):
     assert recorded["code"]["git"] and isinstance(recorded["code"]["dirty"], bool)
 
 
-def test_the_cpu_census_counts_what_each_kind_spent_while_it_ran():
+def test_the_cpu_census_counts_what_each_kind_spent_while_it_ran(monkeypatch):
     """benchmarks/cpu_by_process.py: a process older than the command counts only what it spent
     meanwhile, each by the kind its command line names; the idle share is per minute."""
-    spec = importlib.util.spec_from_file_location(
-        "cpu_census", REPO / "benchmarks/cpu_by_process.py"
-    )
-    census = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(census)
+    census = load_benchmark(REPO / "benchmarks/cpu_by_process.py", monkeypatch)
     assert census.kind_of("python -m vllm.entrypoints.openai.api_server --model m", "python") == (
         "vLLM API server"
     )
